@@ -1,0 +1,64 @@
+"""The round factory: rNN/rollouts -> rNN/rewards -> rNN/checkpoint for N = 1..R, unrolled.
+
+Each round depends on the previous round's checkpoint, so the graph stays acyclic and both
+Dagster's lineage view and dvc.lock show the whole chain.
+"""
+
+
+from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, PipesSubprocessClient, asset
+
+from pipelines.assets import COMPUTE_TAGS, dvc_meta
+from pipelines.steps import ParamsResource, materialized, run_compute
+from rl_assets.paths import checkpoint_key, output_path, round_prefix
+
+
+def round_assets(n: int) -> list[AssetsDefinition]:
+    prefix = round_prefix(n)
+    previous = AssetKey(checkpoint_key(n - 1).split("/"))
+
+    @asset(
+        key=AssetKey([prefix, "rollouts"]),
+        deps=[previous, AssetKey("prompts")],
+        group_name=prefix,
+        kinds={"parquet"},
+        pool="gpu",
+        op_tags=COMPUTE_TAGS,
+        description=f"Round {n}: G completions per training prompt sampled from {checkpoint_key(n - 1)}, with per-token log-probs.",
+        metadata=dvc_meta(["seed", "rollouts"], ["rl_assets/rollouts.py"]),
+    )
+    def rollouts(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
+        return run_compute(context, pipes, params, "rollouts", n)
+
+    @asset(
+        key=AssetKey([prefix, "rewards"]),
+        deps=[rollouts],
+        group_name=prefix,
+        kinds={"parquet"},
+        description=f"Round {n}: every rollout scored by the configured reward functions (rescored without resampling).",
+        metadata=dvc_meta(["rewards"], ["rl_assets/rewards.py"]),
+    )
+    def rewards(context: AssetExecutionContext, params: ParamsResource) -> MaterializeResult:
+        from rl_assets.rewards import score_rollouts, summarize_rewards
+        from rl_assets.schemas import read_table, reward_function_names, rewards_schema, write_table
+        from rl_assets.storage import file_hash
+
+        p = params.load()
+        source = output_path(f"{prefix}/rollouts")
+        table = score_rollouts(read_table(source, "rollouts"), p.rewards, file_hash(source))
+        path = write_table(table, output_path(f"{prefix}/rewards"), rewards_schema(reward_function_names(table)), "rewards")
+        return materialized(context, path, summarize_rewards(table, p.rollouts.samples_per_prompt))
+
+    @asset(
+        key=AssetKey([prefix, "checkpoint"]),
+        deps=[rewards, rollouts, previous],
+        group_name=prefix,
+        kinds={"pytorch"},
+        pool="gpu",
+        op_tags=COMPUTE_TAGS,
+        description=f"Round {n}: {checkpoint_key(n - 1)} updated by GRPO on this round's stored rollouts and rewards.",
+        metadata=dvc_meta(["seed", "train"], ["rl_assets/train.py", "rl_assets/losses.py", "rl_assets/advantages.py"]),
+    )
+    def checkpoint(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
+        return run_compute(context, pipes, params, "train", n)
+
+    return [rollouts, rewards, checkpoint]

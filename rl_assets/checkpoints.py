@@ -1,0 +1,48 @@
+"""Checkpoint folders: `save_pretrained` output plus a `lineage.json` card, written atomically.
+
+The checkpoint id is the content hash of everything but the card, so two folders with the same
+weights and tokenizer have the same id, and rollouts name the exact policy that sampled them.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+from pathlib import Path
+
+from rl_assets.storage import atomic_path, dir_hash
+
+LINEAGE_FILE = "lineage.json"
+
+
+def code_version() -> str:
+    """The git commit of the code that produced an output ('+dirty' with local changes)."""
+    try:
+        return subprocess.run(["git", "describe", "--always", "--dirty=+dirty", "--abbrev=12"], capture_output=True,
+                              text=True, check=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        from rl_assets import __version__
+
+        return f"rl-assets {__version__}"
+
+
+def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict) -> str:
+    """Write model, tokenizer and lineage card atomically; returns the checkpoint id."""
+    with atomic_path(path, is_dir=True) as tmp:
+        model.save_pretrained(tmp)
+        tokenizer.save_pretrained(tmp)
+        checkpoint_id = dir_hash(tmp)
+        card = {"checkpoint_id": checkpoint_id, "code_version": code_version(), **lineage}
+        (tmp / LINEAGE_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
+    return checkpoint_id
+
+
+def read_lineage(path: str | Path) -> dict:
+    card = Path(path) / LINEAGE_FILE
+    if not card.is_file():
+        raise FileNotFoundError(f"{path}: not a checkpoint folder (no {LINEAGE_FILE})")
+    return json.loads(card.read_text())
+
+
+def checkpoint_id(path: str | Path) -> str:
+    return read_lineage(path)["checkpoint_id"]

@@ -1,0 +1,215 @@
+"""Compute steps that load a model, runnable on their own or as a Dagster Pipes child process.
+
+    python -m rl_assets.compute {sft,rollouts,train,evaluation} [--round N] [--params params.yaml] [--set k=v]
+    torchrun --nproc_per_node=2 -m rl_assets.compute train --round 1
+
+Each step reads its inputs from data/, writes its output atomically, and returns the metadata a
+user looks at. Under Dagster Pipes, rank 0 reports that metadata and the output's content hash as
+the materialization; other ranks only compute.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import json
+import os
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
+from rl_assets.config import Params, load_params
+from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix
+from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, write_table
+from rl_assets.storage import content_hash, file_hash
+
+
+def _markdown_table(header: list[str], rows: list[list]) -> str:
+    escape = lambda v: str(v).replace("|", "\\|").replace("\n", "\\n")  # noqa: E731
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    return "\n".join(lines + ["| " + " | ".join(escape(v) for v in row) + " |" for row in rows])
+
+
+def run_sft(params: Params, root: Path, device: str) -> dict:
+    """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
+    from rl_assets.models import load_base_model
+    from rl_assets.sft import warm_start
+
+    prompts_path = output_path("prompts", root)
+    prompts = read_table(prompts_path, "prompts")
+    model, tokenizer = load_base_model(params.model, params.seed)
+    metrics = warm_start(model, tokenizer, prompts, params.sft, params.seed, use_cpu=device == "cpu") if params.sft.enabled else {}
+    lineage = {"round": 0, "parent": params.model.name_or_path, "trained_on": {"prompts": file_hash(prompts_path)} if params.sft.enabled else {},
+               "algorithm": "sft" if params.sft.enabled else "none", "params_hash": params.section_hash("seed", "model", "sft"),
+               "metrics": metrics, "num_parameters": sum(p.numel() for p in model.parameters())}
+    path = output_path(checkpoint_key(0), root)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    save_checkpoint(model.cpu(), tokenizer, path, lineage)
+    return {"parameters": lineage["num_parameters"], **{k: v for k, v in metrics.items() if v is not None}}
+
+
+def run_rollouts(params: Params, round_number: int, root: Path, device: str) -> dict:
+    """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint."""
+    from rl_assets.models import load_policy
+    from rl_assets.rollouts import sample_rollouts
+
+    policy_path = output_path(checkpoint_key(round_number - 1), root)
+    prompts_path = output_path("prompts", root)
+    model, tokenizer = load_policy(policy_path, device)
+    table = sample_rollouts(model, tokenizer, read_table(prompts_path, "prompts"), params.rollouts, round_number=round_number,
+                            seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path))
+    write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", root), ROLLOUTS, "rollouts")
+    lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
+    samples = [[p, c, a] for p, c, a in zip(table["prompt"].to_pylist()[:8], table["completion"].to_pylist()[:8], table["answer"].to_pylist()[:8])]
+    return {"rows": table.num_rows, "prompts": table.num_rows // params.rollouts.samples_per_prompt,
+            "mean_completion_tokens": sum(lengths) / len(lengths), "truncated_share": sum(table["truncated"].to_pylist()) / table.num_rows,
+            "samples": {"type": "md", "raw_value": _markdown_table(["prompt", "completion", "answer"], samples)}}
+
+
+def run_train(params: Params, round_number: int, root: Path, device: str) -> dict:
+    """rNN/checkpoint: GRPO on the round's stored rollouts and rewards, starting from rNN-1."""
+    from rl_assets.models import load_policy
+    from rl_assets.train import train_on_rollouts
+
+    prefix = round_prefix(round_number)
+    parent = output_path(checkpoint_key(round_number - 1), root)
+    rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", root), output_path(f"{prefix}/rewards", root)
+    model, tokenizer = load_policy(parent, device)
+    ref_model = load_policy(output_path(checkpoint_key(0), root), device)[0] if params.train.beta > 0 else None
+    metrics = train_on_rollouts(model, read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards"), params.train,
+                                group_size=params.rollouts.samples_per_prompt, temperature=params.rollouts.temperature,
+                                pad_id=tokenizer.pad_token_id, seed=params.seed * 1000 + round_number, ref_model=ref_model)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
+               "trained_on": {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)},
+               "algorithm": params.train.algorithm, "train": params.train.model_dump(mode="json"),
+               "params_hash": params.section_hash("seed", "train"), "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+               "metrics": metrics}
+    save_checkpoint(model.cpu(), tokenizer, output_path(checkpoint_key(round_number), root), lineage)
+    return metrics
+
+
+def _accuracy_plot(report: list[dict], reward_means: dict[int, float], path: Path) -> str:
+    """Accuracy per checkpoint (greedy, sampled) and mean rollout reward per round; returns base64 PNG."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    figure, axis = plt.subplots(figsize=(6, 3.5), dpi=100)
+    for mode, style in (("greedy", "o-"), ("sampled", "s-")):
+        points = [(int(r["checkpoint"][1:3]), r["accuracy"]) for r in report if r["mode"] == mode]
+        axis.plot(*zip(*points), style, label=f"{mode} accuracy (held out)")
+    if reward_means:
+        axis.plot(list(reward_means), list(reward_means.values()), "^--", label="mean rollout reward")
+    axis.set_xlabel("round (checkpoint rNN)")
+    axis.set_ylim(0, 1)
+    axis.grid(alpha=0.3)
+    axis.legend(loc="lower right", fontsize=8)
+    figure.tight_layout()
+    figure.savefig(path)
+    plt.close(figure)
+    return base64.b64encode(path.read_bytes()).decode()
+
+
+def run_evaluation(params: Params, root: Path, device: str) -> dict:
+    """evaluation: every checkpoint r00..rR on the held-out prompts, greedy and sampled."""
+    from rl_assets.evaluation import eval_prompts, evaluate_checkpoint
+    from rl_assets.models import load_policy
+
+    held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
+    report, examples = [], []
+    for round_number in range(params.rounds + 1):
+        path = output_path(checkpoint_key(round_number), root)
+        model, tokenizer = load_policy(path, device)
+        for row in evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed):
+            examples += [[checkpoint_key(round_number), row["mode"], *e] for e in row.pop("examples")[:3]]
+            report.append({"checkpoint": checkpoint_key(round_number), "checkpoint_id": checkpoint_id(path), **row})
+    table = pa.Table.from_pylist(report, schema=EVALUATION)
+    write_table(table, output_path("evaluation", root), EVALUATION, "evaluation")
+    summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_accuracy": round(r["accuracy"], 4) for r in report}
+    (root / EVALUATION_METRICS).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    reward_means = {}
+    for round_number in range(1, params.rounds + 1):
+        card = read_lineage(output_path(checkpoint_key(round_number), root))
+        reward_means[round_number] = card["metrics"]["reward_mean"]
+    plot = _accuracy_plot(report, reward_means, root / EVALUATION_PLOT)
+    accuracy_rows = [[r["checkpoint"], r["mode"], f"{r['accuracy']:.3f}", r["n_prompts"] * r["n_samples"]] for r in report]
+    return {
+        **summary,
+        "accuracy": {"type": "md", "raw_value": _markdown_table(["checkpoint", "mode", "accuracy", "completions"], accuracy_rows)},
+        "plot": {"type": "md", "raw_value": f"![accuracy and reward per round](data:image/png;base64,{plot})"},
+        "examples": {"type": "md", "raw_value": _markdown_table(["checkpoint", "mode", "prompt", "completion", "answer"], examples)},
+    }
+
+
+def run_stage(stage: str, params: Params, round_number: int | None, root: Path) -> tuple[dict, Path]:
+    """Run one compute step in this process; returns (metadata, output path)."""
+    device = _device(params)
+    if stage == "sft":
+        return run_sft(params, root, device), output_path(checkpoint_key(0), root)
+    if round_number is None or not 1 <= round_number <= params.rounds:
+        if stage != "evaluation":
+            raise ValueError(f"{stage} needs --round between 1 and rounds={params.rounds}")
+    if stage == "rollouts":
+        return run_rollouts(params, round_number, root, device), output_path(f"{round_prefix(round_number)}/rollouts", root)
+    if stage == "train":
+        return run_train(params, round_number, root, device), output_path(checkpoint_key(round_number), root)
+    if stage == "evaluation":
+        return run_evaluation(params, root, device), output_path("evaluation", root)
+    raise ValueError(f"unknown stage {stage!r}")
+
+
+def _device(params: Params) -> str:
+    from rl_assets.models import pick_device
+
+    device = pick_device(params.compute.device)
+    if device == "cuda" and dist.is_initialized():
+        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    return device
+
+
+def _init_distributed(params: Params) -> None:
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        cuda = params.compute.device != "cpu" and torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if cuda else "gloo")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m rl_assets.compute", description=__doc__.split("\n\n")[0])
+    parser.add_argument("stage", choices=["sft", "rollouts", "train", "evaluation"])
+    parser.add_argument("--round", type=int, default=None, help="round number N for rollouts and train")
+    parser.add_argument("--params", default=os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    args = parser.parse_args(argv)
+    params = load_params(args.params, args.overrides)
+    _init_distributed(params)
+    rank = dist.get_rank() if dist.is_initialized() else 0
+
+    from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
+
+    if rank == 0 and PipesEnvVarParamsLoader().is_dagster_pipes_process():
+        with open_dagster_pipes() as pipes:
+            metadata, output = run_stage(args.stage, params, args.round, Path("."))
+            pipes.report_asset_materialization(metadata=metadata, data_version=content_hash(output))
+    else:
+        metadata, output = run_stage(args.stage, params, args.round, Path("."))
+        if rank == 0:
+            plain = {k: v for k, v in metadata.items() if not isinstance(v, dict)}
+            print(json.dumps({"output": str(output), **plain}, indent=2, default=str))
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

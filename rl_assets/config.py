@@ -1,0 +1,224 @@
+"""Typed view of `params.yaml`: one model per section, every field documented, defaults only here.
+
+Loading stops with a `ParamsError` that names the file, the key path and what is allowed, so a
+typo in a long experiment config fails before any compute starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ParamsError(ValueError):
+    """A params file or override that cannot be used; the message names the file and key path."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ComputeParams(Section):
+    nproc: int = Field(1, ge=1, le=1024, description="Processes per compute step; torchrun is used when > 1.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where compute steps run; auto picks cuda when present.")
+    gpus_per_step: int = Field(0, ge=0, description="GPUs a compute step asks the executor for (op tags and k8s requests).")
+
+
+class TinyModelParams(Section):
+    hidden_size: int = Field(128, ge=8, description="Width of the embedded Llama-style model.")
+    num_layers: int = Field(4, ge=1, description="Decoder layers of the embedded model.")
+    num_heads: int = Field(4, ge=1, description="Attention heads of the embedded model.")
+    intermediate_size: int = Field(512, ge=8, description="MLP width of the embedded model.")
+
+
+class ModelParams(Section):
+    name_or_path: str = Field("tiny", min_length=1, description="'tiny' (embedded, built locally), a local HF folder or a hub id.")
+    tiny: TinyModelParams = Field(default_factory=TinyModelParams, description="Shape of the embedded model when name_or_path is 'tiny'.")
+
+
+class SourceParams(Section):
+    kind: Literal["generator", "jsonl", "parquet"] = Field(description="generator: templates JSON; jsonl/parquet: a static file.")
+    path: str = Field(min_length=1, description="File path, relative to the project root.")
+    count: int = Field(0, ge=0, description="Problems to generate (generator only).")
+    columns: dict[str, str] = Field(default_factory=dict, description="Our column -> the file's column, e.g. {prompt: question, answer: solution}.")
+
+    @model_validator(mode="after")
+    def _check_kind(self):
+        if self.kind == "generator" and self.count < 1:
+            raise ValueError("a generator source needs count >= 1")
+        if self.kind != "generator" and self.count:
+            raise ValueError("count applies to generator sources only")
+        unknown = set(self.columns) - {"prompt", "answer"}
+        if unknown:
+            raise ValueError(f"columns maps unknown fields {sorted(unknown)}; allowed: ['answer', 'prompt']")
+        return self
+
+
+class RawDataParams(Section):
+    sources: list[SourceParams] = Field(min_length=1, description="Where problems come from; all are merged into one table.")
+
+
+class PromptsParams(Section):
+    eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of unique problems held out for evaluation (hash-based, stable).")
+    max_prompt_tokens: int = Field(64, ge=1, description="Prompts longer than this (in the policy's tokens) are dropped.")
+    template: str = Field("{prompt}", description="How a problem is shown to the model; must contain {prompt}.")
+
+    @model_validator(mode="after")
+    def _check_template(self):
+        if "{prompt}" not in self.template:
+            raise ValueError("template must contain {prompt}")
+        return self
+
+
+class SFTParams(Section):
+    enabled: bool = Field(True, description="Warm-start r00 with supervised fine-tuning on the reference answers.")
+    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate of the warm start.")
+    max_steps: int = Field(300, ge=1, description="Optimizer steps of the warm start.")
+    batch_size: int = Field(64, ge=1, description="Examples per optimizer step.")
+    max_examples: int = Field(0, ge=0, description="Use at most this many training problems (0: all).")
+
+
+class RolloutsParams(Section):
+    prompts_per_round: int = Field(64, ge=1, description="B: training prompts sampled each round.")
+    samples_per_prompt: int = Field(8, ge=1, description="G: completions per prompt (the GRPO group).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs are stored under it.")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling threshold.")
+    max_new_tokens: int = Field(8, ge=1, description="Completion length cap; longer completions are truncated.")
+    batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
+
+
+class RewardFunctionParams(Section):
+    name: str = Field(min_length=1, description="A function in rl_assets.rewards, or 'module:function' from your code.")
+    weight: float = Field(1.0, description="Weight in the total reward.")
+
+
+class RewardsParams(Section):
+    functions: list[RewardFunctionParams] = Field(min_length=1, description="Weighted reward functions (TRL signature).")
+
+
+class TrainParams(Section):
+    algorithm: Literal["grpo"] = Field("grpo", description="Policy-gradient method on the stored rollout table.")
+    learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate.")
+    epochs: int = Field(2, ge=1, description="Passes over the round's rollout table.")
+    minibatch_size: int = Field(128, ge=1, description="Completions per optimizer step (global, across processes).")
+    clip_epsilon: float = Field(0.2, gt=0, lt=1, description="PPO clip range of the importance ratio.")
+    beta: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference (r00) policy; 0 turns it off.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO); off is Dr. GRPO.")
+
+
+class EvaluationParams(Section):
+    max_prompts: int = Field(200, ge=1, description="Held-out prompts evaluated per checkpoint.")
+    samples_per_prompt: int = Field(4, ge=1, description="Samples per prompt for sampled accuracy.")
+    temperature: float = Field(1.0, gt=0, description="Temperature of sampled accuracy.")
+    max_new_tokens: int = Field(8, ge=1, description="Completion length cap at evaluation.")
+
+
+class Params(Section):
+    seed: int = Field(0, ge=0, description="Seed of every random choice in the pipeline.")
+    rounds: int = Field(3, ge=1, le=99, description="R: RL rounds, each rollouts -> rewards -> checkpoint.")
+    compute: ComputeParams = Field(default_factory=ComputeParams)
+    model: ModelParams = Field(default_factory=ModelParams)
+    raw_data: RawDataParams
+    prompts: PromptsParams = Field(default_factory=PromptsParams)
+    sft: SFTParams = Field(default_factory=SFTParams)
+    rollouts: RolloutsParams = Field(default_factory=RolloutsParams)
+    rewards: RewardsParams
+    train: TrainParams = Field(default_factory=TrainParams)
+    evaluation: EvaluationParams = Field(default_factory=EvaluationParams)
+
+    def section_hash(self, *sections: str) -> str:
+        """Content hash of the named sections, stored in lineage so a result names the params it used."""
+        blob = json.dumps({s: self.model_dump(mode="json")[s] for s in sections}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value, path: str, source: str):
+    """Replace ${VAR} and ${VAR:-default} in every string value."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), source) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, f"{path}[{i}]", source) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if name in os.environ:
+            return os.environ[name]
+        if default is not None:
+            return default
+        raise ParamsError(f"{source}: {path}: environment variable {name} is not set (use ${{{name}:-default}} for a fallback)")
+
+    replaced = _ENV_PATTERN.sub(substitute, value)
+    # A value that was only a variable gets the type YAML would give it ("1e-4" -> float).
+    return yaml.safe_load(replaced) if _ENV_PATTERN.fullmatch(value) else replaced
+
+
+def apply_override(raw: dict, override: str, source: str = "--set") -> None:
+    """Apply one `section.key=value` override in place; the value is parsed as YAML."""
+    key_path, sep, text = override.partition("=")
+    if not sep or not key_path:
+        raise ParamsError(f"{source}: {override!r} is not of the form section.key=value")
+    node = raw
+    keys = key_path.split(".")
+    for depth, key in enumerate(keys[:-1]):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ParamsError(f"{source}: {'.'.join(keys[: depth + 1])} is not a section, cannot set {key_path}")
+        node = child
+    node[keys[-1]] = yaml.safe_load(text)
+
+
+def _format_error(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in item["loc"]).replace(".[", "[")
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{source}: {loc or '<top level>'}: {message}")
+    return "\n".join(lines)
+
+
+def parse_params(raw: dict, source: str = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> Params:
+    """Validate a params mapping (after interpolation and overrides) into `Params`."""
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    raw = _interpolate(raw, "", source)
+    for override in overrides:
+        apply_override(raw, override)
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as error:
+        raise ParamsError(_format_error(error, source)) from None
+
+
+def load_params(path: str | Path = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> Params:
+    """Read, interpolate, override and validate a params file.
+
+    >>> load_params("does-not-exist.yaml")
+    Traceback (most recent call last):
+    ...
+    rl_assets.config.ParamsError: does-not-exist.yaml: file not found
+    """
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ParamsError(f"{path}: not valid YAML: {error}") from None
+    return parse_params(raw or {}, str(path), overrides)

@@ -1,0 +1,81 @@
+"""The policy model: the embedded tiny Llama with a character-level tokenizer, or any HF causal LM.
+
+`tiny` needs no download: the tokenizer's vocabulary is fixed here and the weights are initialised
+from the seed, so every machine builds the same base model.
+"""
+
+from __future__ import annotations
+
+import string
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
+from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+from rl_assets.config import ModelParams
+
+SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+TINY_CHARACTERS = string.digits + string.ascii_letters + " +-*/=().,:;?!#%$&'\"<>[]{}\\^_|~@\n"
+
+
+def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per character, BOS prepended, no download."""
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(TINY_CHARACTERS)))}
+    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
+    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
+    core.decoder = decoders.Fuse()
+    core.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+
+
+def build_tiny_model(params: ModelParams, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
+    """The embedded Llama-style policy (~1M parameters at the default shape)."""
+    shape = params.tiny
+    config = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=shape.hidden_size,
+        intermediate_size=shape.intermediate_size,
+        num_hidden_layers=shape.num_layers,
+        num_attention_heads=shape.num_heads,
+        num_key_value_heads=shape.num_heads,
+        max_position_embeddings=256,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        tie_word_embeddings=True,
+    )
+    torch.manual_seed(seed)
+    return LlamaForCausalLM(config)
+
+
+def load_tokenizer(params: ModelParams):
+    """The base model's tokenizer (cheap: no weights are loaded)."""
+    if params.name_or_path == "tiny":
+        return build_tiny_tokenizer()
+    tokenizer = AutoTokenizer.from_pretrained(params.name_or_path)
+    if tokenizer.pad_token is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_base_model(params: ModelParams, seed: int):
+    """(model, tokenizer) of the base policy named in params."""
+    tokenizer = load_tokenizer(params)
+    if params.name_or_path == "tiny":
+        return build_tiny_model(params, tokenizer, seed), tokenizer
+    return AutoModelForCausalLM.from_pretrained(params.name_or_path), tokenizer
+
+
+def load_policy(path: str | Path, device: str = "cpu"):
+    """(model, tokenizer) of a saved checkpoint folder, in eval mode on `device`."""
+    model = AutoModelForCausalLM.from_pretrained(path).to(device)
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    model.eval()
+    return model, tokenizer
+
+
+def pick_device(requested: str) -> str:
+    if requested == "auto":
+        return "cuda" if torch.cuda.is_available() else "cpu"
+    return requested

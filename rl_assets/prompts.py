@@ -1,0 +1,49 @@
+"""prompts: dedupe raw problems, split train/eval by a stable hash, drop over-long prompts."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+
+from rl_assets.config import PromptsParams
+from rl_assets.schemas import PROMPTS
+
+
+def prompt_id(problem: str, answer: str) -> str:
+    """Stable content hash of a problem and its reference answer.
+
+    >>> prompt_id("2+2=", "4") == prompt_id("2+2=", "4") != prompt_id("2+2=", "5")
+    True
+    """
+    return hashlib.sha256(f"{problem}\0{answer}".encode()).hexdigest()[:16]
+
+
+def split_of(pid: str, eval_fraction: float) -> str:
+    """'eval' for a fixed share of ids, decided by the id alone so adding data never moves a row."""
+    bucket = int(hashlib.sha256(f"split:{pid}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    return "eval" if bucket < eval_fraction else "train"
+
+
+def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.Table, dict]:
+    """The `PROMPTS` table and counts of what was dropped (duplicates, over-long prompts)."""
+    seen, rows = set(), []
+    dropped = {"duplicates": 0, "too_long": 0}
+    for record in raw.to_pylist():
+        pid = prompt_id(record["prompt"], record["answer"])
+        if pid in seen:
+            dropped["duplicates"] += 1
+            continue
+        seen.add(pid)
+        text = params.template.replace("{prompt}", record["prompt"])
+        rows.append({"prompt_id": pid, "prompt": text, "problem": record["prompt"], "answer": record["answer"],
+                     "split": split_of(pid, params.eval_fraction), **{k: record[k] for k in ("source", "source_hash", "source_row")}})
+    lengths = [len(ids) for ids in tokenizer([r["prompt"] for r in rows])["input_ids"]] if rows else []
+    kept = []
+    for row, length in zip(rows, lengths):
+        if length > params.max_prompt_tokens:
+            dropped["too_long"] += 1
+            continue
+        kept.append({**row, "n_tokens": length})
+    table = pa.Table.from_pylist(kept, schema=PROMPTS)
+    return table, dropped

@@ -1,0 +1,124 @@
+"""The Parquet schema of every table, with the lineage columns each row needs to be traced back.
+
+One explicit `pyarrow` schema per table; the schema name and version travel in the file metadata,
+and `read_table` refuses a file written under another schema or version.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+
+from rl_assets.storage import atomic_path
+
+SCHEMA_VERSION = 1
+
+RAW_DATA = pa.schema(
+    [
+        ("source", pa.string()),  # file path, or "generator:<templates path>"
+        ("source_hash", pa.string()),  # MD5 of the raw file the row came from
+        ("source_row", pa.int64()),  # line / row / generated index inside that source
+        ("prompt", pa.string()),
+        ("answer", pa.string()),
+    ]
+)
+
+PROMPTS = pa.schema(
+    [
+        ("prompt_id", pa.string()),  # stable content hash of (problem, answer)
+        ("prompt", pa.string()),  # the text the policy sees (template applied)
+        ("problem", pa.string()),
+        ("answer", pa.string()),
+        ("split", pa.string()),  # "train" or "eval", from the prompt_id hash
+        ("n_tokens", pa.int32()),
+        ("source", pa.string()),
+        ("source_hash", pa.string()),
+        ("source_row", pa.int64()),
+    ]
+)
+
+ROLLOUTS = pa.schema(
+    [
+        ("round", pa.int32()),
+        ("prompt_id", pa.string()),
+        ("sample_idx", pa.int32()),
+        ("prompt", pa.string()),
+        ("answer", pa.string()),
+        ("completion", pa.string()),
+        ("prompt_ids", pa.list_(pa.int32())),
+        ("completion_ids", pa.list_(pa.int32())),
+        ("logprobs", pa.list_(pa.float32())),  # per completion token, under the sampling policy
+        ("truncated", pa.bool_()),  # hit max_new_tokens without an end-of-sequence token
+        ("policy_id", pa.string()),  # content hash of the checkpoint that sampled
+        ("temperature", pa.float32()),
+        ("top_p", pa.float32()),
+        ("max_new_tokens", pa.int32()),
+        ("seed", pa.int64()),
+        ("prompts_hash", pa.string()),
+    ]
+)
+
+EVALUATION = pa.schema(
+    [
+        ("checkpoint", pa.string()),  # asset key, e.g. "r02/checkpoint"
+        ("checkpoint_id", pa.string()),
+        ("mode", pa.string()),  # "greedy" or "sampled"
+        ("accuracy", pa.float64()),
+        ("n_prompts", pa.int32()),
+        ("n_samples", pa.int32()),
+        ("mean_completion_tokens", pa.float64()),
+        ("temperature", pa.float64()),
+        ("seed", pa.int64()),
+    ]
+)
+
+_REWARDS_BASE = [
+    ("round", pa.int32()),
+    ("prompt_id", pa.string()),
+    ("sample_idx", pa.int32()),
+    ("policy_id", pa.string()),
+    ("reward", pa.float64()),  # weighted total
+    ("reward_config_hash", pa.string()),
+    ("rollouts_hash", pa.string()),
+]
+
+
+def rewards_schema(function_names: list[str]) -> pa.Schema:
+    """The rewards table: the rollout key, the total, then one `score_<name>` column per function."""
+    return pa.schema(_REWARDS_BASE + [(f"score_{name}", pa.float64()) for name in function_names])
+
+
+def reward_function_names(rewards: pa.Table) -> list[str]:
+    """The reward functions a rewards table has a `score_<name>` column for."""
+    return [c.removeprefix("score_") for c in rewards.column_names if c.startswith("score_")]
+
+
+def _tagged(schema: pa.Schema, name: str) -> pa.Schema:
+    return schema.with_metadata({b"rl_assets.schema": name.encode(), b"rl_assets.schema_version": str(SCHEMA_VERSION).encode()})
+
+
+def write_table(table: pa.Table, path: str | Path, schema: pa.Schema, name: str) -> Path:
+    """Cast `table` to `schema` and write it atomically; returns the path."""
+    missing = set(schema.names) - set(table.column_names)
+    if missing:
+        raise ValueError(f"{path}: table {name!r} lacks columns {sorted(missing)}")
+    table = table.select(schema.names).cast(schema)
+    with atomic_path(path) as tmp:
+        pq.write_table(table.replace_schema_metadata(_tagged(schema, name).metadata), tmp)
+    return Path(path)
+
+
+def read_table(path: str | Path, name: str) -> pa.Table:
+    """Read a table written by `write_table`, checking it carries schema `name` at our version."""
+    path = Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: table {name!r} not found; materialize the asset that writes it first")
+    table = pq.read_table(path)
+    meta = table.schema.metadata or {}
+    found = meta.get(b"rl_assets.schema", b"?").decode()
+    version = meta.get(b"rl_assets.schema_version", b"?").decode()
+    if found != name or version != str(SCHEMA_VERSION):
+        raise ValueError(f"{path}: expected table {name!r} v{SCHEMA_VERSION}, found {found!r} v{version}")
+    return table

@@ -1,0 +1,52 @@
+"""r00/checkpoint: the base model, warm-started with TRL's SFTTrainer on the reference answers."""
+
+from __future__ import annotations
+
+import tempfile
+
+import pyarrow as pa
+
+from rl_assets.config import SFTParams
+
+
+def sft_config(params: SFTParams, output_dir: str, seed: int, use_cpu: bool):
+    """Our `sft` section mapped onto TRL's SFTConfig (the only place the two meet)."""
+    from trl import SFTConfig
+
+    return SFTConfig(
+        output_dir=output_dir,
+        max_steps=params.max_steps,
+        per_device_train_batch_size=params.batch_size,
+        learning_rate=params.learning_rate,
+        lr_scheduler_type="cosine",
+        warmup_steps=max(1, params.max_steps // 20),
+        weight_decay=0.0,
+        seed=seed,
+        data_seed=seed,
+        bf16=False,  # TRL defaults to bf16, which fails on CPU; mixed precision is a GPU-run choice
+        use_cpu=use_cpu,
+        logging_steps=max(1, params.max_steps // 10),
+        save_strategy="no",
+        report_to=[],
+        disable_tqdm=False,
+        dataloader_num_workers=0,
+        completion_only_loss=True,
+    )
+
+
+def warm_start(model, tokenizer, prompts: pa.Table, params: SFTParams, seed: int, use_cpu: bool = True) -> dict:
+    """Fine-tune `model` in place on (prompt, answer) pairs of the train split; returns metrics."""
+    from datasets import Dataset
+    from trl import SFTTrainer
+
+    train = prompts.filter(pa.compute.equal(prompts["split"], "train"))
+    if params.max_examples:
+        train = train.slice(0, params.max_examples)
+    dataset = Dataset.from_dict({"prompt": train["prompt"].to_pylist(), "completion": train["answer"].to_pylist()})
+    with tempfile.TemporaryDirectory(prefix="rl-assets-sft-") as scratch:
+        trainer = SFTTrainer(model=model, args=sft_config(params, scratch, seed, use_cpu), train_dataset=dataset, processing_class=tokenizer)
+        result = trainer.train()
+    model.eval()
+    losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
+    return {"sft_examples": len(dataset), "sft_steps": result.global_step, "sft_loss_first": losses[0] if losses else None,
+            "sft_loss_last": losses[-1] if losses else None, "sft_runtime_s": result.metrics.get("train_runtime")}
