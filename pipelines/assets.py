@@ -44,7 +44,7 @@ def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Material
     deps=[raw_data],
     group_name="data",
     kinds={"parquet"},
-    description="Deduplicated prompts with a stable hash-based train/eval split and a token-length filter.",
+    description="Deduplicated prompts with a stable hash-based sft/rl/eval split and a token-length filter.",
     metadata=dvc_meta(["prompts", "model.name_or_path"], ["rl_assets/prompts.py"]),
 )
 def prompts(context: AssetExecutionContext, params: ParamsResource) -> MaterializeResult:
@@ -56,7 +56,7 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Materiali
     table, dropped = build_prompts(read_table(output_path("raw_data"), "raw_data"), p.prompts, load_tokenizer(p.model))
     path = write_table(table, output_path("prompts"), PROMPTS, "prompts")
     splits = Counter(table["split"].to_pylist())
-    return materialized(context, path, {"rows": table.num_rows, "train": splits["train"], "eval": splits["eval"],
+    return materialized(context, path, {"rows": table.num_rows, **{f"split_{s}": splits[s] for s in ("sft", "rl", "eval")},
                                         "dropped_duplicates": dropped["duplicates"], "dropped_too_long": dropped["too_long"]})
 
 

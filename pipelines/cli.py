@@ -33,7 +33,8 @@ def execute(selection: list[str] | None) -> bool:
 
     with DagsterInstance.get() as instance:
         keys = [AssetKey.from_user_string(k) for k in selection] if selection else None
-        result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys)
+        quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
+        result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet)
         print(f"dagster run {result.run_id}: {'success' if result.success else 'FAILED'}", file=sys.stderr)
         return result.success
 

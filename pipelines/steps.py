@@ -58,11 +58,19 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
     context.log.info("launching: %s", " ".join(command))
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = pipes.run(context=context, command=command, env=env).get_materialize_result()
+    _log_done(context, result.metadata or {})
     record_in_dvc(context, context.asset_key.to_user_string())
     return result
 
 
+def _log_done(context: AssetExecutionContext, metadata: dict) -> None:
+    numbers = {k: getattr(v, "value", v) for k, v in metadata.items()}
+    shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in numbers.items() if isinstance(v, (int, float)))
+    context.log.info(f"materialized {context.asset_key.to_user_string()}: {shown}")
+
+
 def materialized(context: AssetExecutionContext, path, metadata: dict) -> MaterializeResult:
     """Report an output written in this process, with its content hash as the data version."""
+    _log_done(context, metadata)
     record_in_dvc(context, context.asset_key.to_user_string())
     return MaterializeResult(metadata={"path": str(path), **metadata}, data_version=DataVersion(content_hash(path)))

@@ -23,7 +23,7 @@ def group_advantages(rewards: torch.Tensor, group_size: int, scale: bool = True,
         raise ValueError(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")
     grouped = rewards.view(-1, group_size)  # (B, G)
     centred = grouped - grouped.mean(dim=1, keepdim=True)
-    if scale:
+    if scale and group_size > 1:  # a group of one has no spread: its advantage is 0
         centred = centred / (grouped.std(dim=1, keepdim=True) + eps)
     return centred.reshape(-1)
 

@@ -67,6 +67,7 @@ class RawDataParams(Section):
 
 class PromptsParams(Section):
     eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of unique problems held out for evaluation (hash-based, stable).")
+    sft_fraction: float = Field(0.25, ge=0.0, lt=1.0, description="Share of the other problems kept for the SFT warm start; the rest are RL prompts.")
     max_prompt_tokens: int = Field(64, ge=1, description="Prompts longer than this (in the policy's tokens) are dropped.")
     template: str = Field("{prompt}", description="How a problem is shown to the model; must contain {prompt}.")
 
@@ -82,7 +83,6 @@ class SFTParams(Section):
     learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate of the warm start.")
     max_steps: int = Field(300, ge=1, description="Optimizer steps of the warm start.")
     batch_size: int = Field(64, ge=1, description="Examples per optimizer step.")
-    max_examples: int = Field(0, ge=0, description="Use at most this many training problems (0: all).")
 
 
 class RolloutsParams(Section):
@@ -101,6 +101,14 @@ class RewardFunctionParams(Section):
 
 class RewardsParams(Section):
     functions: list[RewardFunctionParams] = Field(min_length=1, description="Weighted reward functions (TRL signature).")
+
+    @model_validator(mode="after")
+    def _unique_columns(self):
+        columns = [f.name.rpartition(":")[2] for f in self.functions]
+        repeated = sorted({c for c in columns if columns.count(c) > 1})
+        if repeated:
+            raise ValueError(f"reward functions must have distinct names (one score column each); repeated: {repeated}")
+        return self
 
 
 class TrainParams(Section):
@@ -154,15 +162,23 @@ def _interpolate(value, path: str, source: str):
 
     def substitute(match: re.Match) -> str:
         name, default = match.group(1), match.group(2)
-        if name in os.environ:
+        if os.environ.get(name):
             return os.environ[name]
-        if default is not None:
+        if default is not None:  # as in the shell, ${VAR:-x} also covers a set but empty VAR
             return default
+        if name in os.environ:
+            return ""
         raise ParamsError(f"{source}: {path}: environment variable {name} is not set (use ${{{name}:-default}} for a fallback)")
 
     replaced = _ENV_PATTERN.sub(substitute, value)
-    # A value that was only a variable gets the type YAML would give it ("1e-4" -> float).
-    return yaml.safe_load(replaced) if _ENV_PATTERN.fullmatch(value) else replaced
+    if not _ENV_PATTERN.fullmatch(value):
+        return replaced
+    # A value that is only a variable gets a scalar YAML type ("3" -> 3, "true" -> True); text stays text.
+    try:
+        typed = yaml.safe_load(replaced)
+    except yaml.YAMLError:
+        return replaced
+    return typed if isinstance(typed, (int, float, bool)) else replaced
 
 
 def apply_override(raw: dict, override: str, source: str = "--set") -> None:
@@ -179,7 +195,10 @@ def apply_override(raw: dict, override: str, source: str = "--set") -> None:
         if not isinstance(child, dict):
             raise ParamsError(f"{source}: {'.'.join(keys[: depth + 1])} is not a section, cannot set {key_path}")
         node = child
-    node[keys[-1]] = yaml.safe_load(text)
+    try:
+        node[keys[-1]] = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ParamsError(f"{source}: {override!r}: the value is not valid YAML ({error.problem})") from None
 
 
 def _format_error(error: ValidationError, source: str) -> str:

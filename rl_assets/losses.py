@@ -18,7 +18,8 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
         ref_logprobs: (N, T) log-probs under the reference policy, needed when beta > 0.
         beta: weight of the k3 estimator of KL(policy || reference).
     Returns:
-        (loss scalar, metrics) where metrics holds detached floats: clip_fraction, kl_old, kl_ref.
+        (loss scalar, metrics) where metrics holds detached floats: clip_fraction (share of tokens whose
+        clipped term is active), kl_old (mean old - new log-prob), kl_ref (mean k3 estimate).
     """
     ratio = torch.exp(logprobs - old_logprobs)
     unclipped = ratio * advantages[:, None]
@@ -35,7 +36,8 @@ def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: to
     with torch.no_grad():
         tokens = mask.sum().clamp(min=1)
         metrics = {
-            "clip_fraction": (((ratio - 1).abs() > clip_epsilon).float() * mask).sum().item() / tokens.item(),
+            # as TRL counts it: tokens where the clip is active for the sign of their advantage
+            "clip_fraction": ((((ratio < 1 - clip_epsilon) & (advantages[:, None] < 0)) | ((ratio > 1 + clip_epsilon) & (advantages[:, None] > 0))).float() * mask).sum().item() / tokens.item(),
             "kl_old": (((old_logprobs - logprobs) * mask).sum() / tokens).item(),
             "kl_ref": ((kl_ref * mask).sum() / tokens).item(),
         }

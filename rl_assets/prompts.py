@@ -1,4 +1,9 @@
-"""prompts: dedupe raw problems, split train/eval by a stable hash, drop over-long prompts."""
+"""prompts: dedupe raw problems, split them by a stable hash, drop over-long prompts.
+
+Three splits: `eval` (held out), `sft` (reference answers for the warm start) and `rl` (prompts the
+rounds sample from). RL on prompts the warm start has not memorised is what makes its gains carry
+over to held-out prompts.
+"""
 
 from __future__ import annotations
 
@@ -19,10 +24,16 @@ def prompt_id(problem: str, answer: str) -> str:
     return hashlib.sha256(f"{problem}\0{answer}".encode()).hexdigest()[:16]
 
 
-def split_of(pid: str, eval_fraction: float) -> str:
-    """'eval' for a fixed share of ids, decided by the id alone so adding data never moves a row."""
+def split_of(pid: str, eval_fraction: float, sft_fraction: float) -> str:
+    """'eval', 'sft' or 'rl', decided by the id alone so adding data never moves a row.
+
+    >>> split_of(prompt_id("2+2=", "4"), 0.5, 0.5) in {"eval", "sft", "rl"}
+    True
+    """
     bucket = int(hashlib.sha256(f"split:{pid}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
-    return "eval" if bucket < eval_fraction else "train"
+    if bucket < eval_fraction:
+        return "eval"
+    return "sft" if bucket < eval_fraction + sft_fraction * (1 - eval_fraction) else "rl"
 
 
 def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.Table, dict]:
@@ -37,7 +48,7 @@ def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.T
         seen.add(pid)
         text = params.template.replace("{prompt}", record["prompt"])
         rows.append({"prompt_id": pid, "prompt": text, "problem": record["prompt"], "answer": record["answer"],
-                     "split": split_of(pid, params.eval_fraction), **{k: record[k] for k in ("source", "source_hash", "source_row")}})
+                     "split": split_of(pid, params.eval_fraction, params.sft_fraction), **{k: record[k] for k in ("source", "source_hash", "source_row")}})
     lengths = [len(ids) for ids in tokenizer([r["prompt"] for r in rows])["input_ids"]] if rows else []
     kept = []
     for row, length in zip(rows, lengths):

@@ -80,18 +80,22 @@ def generate_problems(templates_path: Path, count: int, seed: int) -> list[dict]
     return rows
 
 
-def _read_jsonl(path: Path) -> list[dict]:
+def _read_jsonl(path: Path, label: str) -> list[dict]:
     rows = []
-    with open(path, encoding="utf-8") as handle:
-        for line_number, line in enumerate(handle, start=1):
+    with open(path, "rb") as handle:
+        for line_number, raw_line in enumerate(handle, start=1):
+            try:
+                line = raw_line.decode("utf-8")
+            except UnicodeDecodeError as error:
+                raise RawDataError(f"{label}:{line_number}: not UTF-8 text ({error.reason} at column {error.start + 1})") from None
             if not line.strip():
                 continue
             try:
                 record = json.loads(line)
             except json.JSONDecodeError as error:
-                raise RawDataError(f"{path}:{line_number}: invalid JSON ({error.msg})") from None
+                raise RawDataError(f"{label}:{line_number}: invalid JSON ({error.msg})") from None
             if not isinstance(record, dict):
-                raise RawDataError(f"{path}:{line_number}: expected a JSON object, got {type(record).__name__}")
+                raise RawDataError(f"{label}:{line_number}: expected a JSON object, got {type(record).__name__}")
             rows.append((line_number, record))
     return rows
 
@@ -104,11 +108,9 @@ def read_static(source: SourceParams, root: Path) -> list[dict]:
     mapping = {"prompt": "prompt", "answer": "answer", **source.columns}
     try:
         if source.kind == "jsonl":
-            records = _read_jsonl(path)
+            records = _read_jsonl(path, source.path)
         else:
             records = list(enumerate(pq.read_table(path).to_pylist(), start=0))
-    except UnicodeDecodeError as error:
-        raise RawDataError(f"{source.path}: not UTF-8 text ({error.reason} at byte {error.start})") from None
     except pa.ArrowInvalid as error:
         raise RawDataError(f"{source.path}: not a Parquet file ({error})") from None
     where = "line" if source.kind == "jsonl" else "row"

@@ -12,6 +12,7 @@ import importlib
 import json
 import math
 import re
+from decimal import Decimal
 from typing import Callable
 
 import pyarrow as pa
@@ -23,15 +24,19 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 
 
 def arithmetic_answer(completions: list[str], answer: list[str], **kwargs) -> list[float]:
-    """1.0 when the first number in the completion equals the reference answer, else 0.0.
+    """1.0 when the first number in the completion equals the reference answer exactly, else 0.0.
 
-    >>> arithmetic_answer(["42", " 42 apples", "41", "no idea"], answer=["42", "42", "42", "42"])
-    [1.0, 1.0, 0.0, 0.0]
+    A reference that is not a number never matches.
+
+    >>> arithmetic_answer(["42", " 42 apples", "41", "no idea", "5"], answer=["42", "42", "42", "42", "five"])
+    [1.0, 1.0, 0.0, 0.0, 0.0]
     """
     scores = []
     for completion, reference in zip(completions, answer):
         found = _NUMBER.search(completion)
-        scores.append(1.0 if found and float(found.group()) == float(reference) else 0.0)
+        expected = reference.strip()
+        matches = found is not None and _NUMBER.fullmatch(expected) is not None and Decimal(found.group()) == Decimal(expected)
+        scores.append(1.0 if matches else 0.0)
     return scores
 
 

@@ -35,7 +35,7 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
     expanded = [p for p in prompts for _ in range(samples_per_prompt)]
     eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
     out = Completions([], [], [], [])
-    tokenizer.padding_side = "left"
+    saved_side, tokenizer.padding_side = tokenizer.padding_side, "left"  # decoder-only generation pads on the left
     batches = range(0, len(expanded), batch_size)
     for start in tqdm(batches, desc="generate", disable=not progress, leave=False):
         chunk = expanded[start : start + batch_size]
@@ -53,6 +53,7 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
             out.completion_ids.append(completion)
             out.texts.append(tokenizer.decode(completion, skip_special_tokens=True))
             out.truncated.append(not ended)
+    tokenizer.padding_side = saved_side
     return out
 
 
@@ -85,10 +86,10 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
 
 
 def choose_prompts(prompts: pa.Table, count: int, round_number: int, seed: int) -> pa.Table:
-    """The round's B training prompts: a seeded draw without replacement from the train split."""
-    train = prompts.filter(pa.compute.equal(prompts["split"], "train"))
+    """The round's B prompts: a seeded draw without replacement from the `rl` split."""
+    train = prompts.filter(pa.compute.equal(prompts["split"], "rl"))
     if train.num_rows == 0:
-        raise ValueError("prompts table has no train split rows")
+        raise ValueError("prompts table has no 'rl' split rows; lower prompts.sft_fraction or add data")
     indices = random.Random(seed * 1000 + round_number).sample(range(train.num_rows), min(count, train.num_rows))
     return train.take(sorted(indices))
 

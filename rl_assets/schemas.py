@@ -31,7 +31,7 @@ PROMPTS = pa.schema(
         ("prompt", pa.string()),  # the text the policy sees (template applied)
         ("problem", pa.string()),
         ("answer", pa.string()),
-        ("split", pa.string()),  # "train" or "eval", from the prompt_id hash
+        ("split", pa.string()),  # "sft", "rl" or "eval", from the prompt_id hash
         ("n_tokens", pa.int32()),
         ("source", pa.string()),
         ("source_hash", pa.string()),

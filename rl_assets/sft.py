@@ -35,13 +35,13 @@ def sft_config(params: SFTParams, output_dir: str, seed: int, use_cpu: bool):
 
 
 def warm_start(model, tokenizer, prompts: pa.Table, params: SFTParams, seed: int, use_cpu: bool = True) -> dict:
-    """Fine-tune `model` in place on (prompt, answer) pairs of the train split; returns metrics."""
+    """Fine-tune `model` in place on (prompt, answer) pairs of the `sft` split; returns metrics."""
     from datasets import Dataset
     from trl import SFTTrainer
 
-    train = prompts.filter(pa.compute.equal(prompts["split"], "train"))
-    if params.max_examples:
-        train = train.slice(0, params.max_examples)
+    train = prompts.filter(pa.compute.equal(prompts["split"], "sft"))
+    if train.num_rows == 0:
+        raise ValueError("prompts table has no 'sft' split rows; raise prompts.sft_fraction or set sft.enabled: false")
     dataset = Dataset.from_dict({"prompt": train["prompt"].to_pylist(), "completion": train["answer"].to_pylist()})
     with tempfile.TemporaryDirectory(prefix="rl-assets-sft-") as scratch:
         trainer = SFTTrainer(model=model, args=sft_config(params, scratch, seed, use_cpu), train_dataset=dataset, processing_class=tokenizer)

@@ -47,6 +47,15 @@ def content_hash(path: str | Path) -> str:
     raise FileNotFoundError(f"{path}: no such file or folder to hash")
 
 
+def _readable_by_all(path: Path) -> None:
+    """mkstemp/mkdtemp create owner-only entries; give outputs the usual umask permissions."""
+    umask = os.umask(0)
+    os.umask(umask)
+    entries = [path, *path.rglob("*")] if path.is_dir() else [path]
+    for entry in entries:
+        os.chmod(entry, (0o777 if entry.is_dir() else 0o666) & ~umask)
+
+
 @contextlib.contextmanager
 def atomic_path(final: str | Path, is_dir: bool = False) -> Iterator[Path]:
     """Yield a temporary sibling of `final`; on success it replaces `final`, on error it is removed.
@@ -64,6 +73,7 @@ def atomic_path(final: str | Path, is_dir: bool = False) -> Iterator[Path]:
         tmp = Path(name)
     try:
         yield tmp
+        _readable_by_all(tmp)
         if is_dir and final.exists():
             old = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=final.parent))
             os.replace(final, old / final.name)

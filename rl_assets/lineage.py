@@ -1,0 +1,88 @@
+"""Walk a checkpoint back to its raw data, using DuckDB over the Parquet files and lineage cards.
+
+There is no second copy of the lineage: each step reads what the previous one names (a card's
+table hashes, the rollouts' policy and prompt ids, the prompts' raw sources) and checks that the
+files on disk still have the hashes that were recorded.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import duckdb
+
+from rl_assets.checkpoints import read_lineage
+from rl_assets.paths import checkpoint_key, output_path, round_prefix
+from rl_assets.storage import file_hash
+
+
+def _hash_status(path: Path, recorded: str | None) -> str:
+    if not path.is_file():
+        return "missing"
+    return "ok" if recorded is None or file_hash(path) == recorded else "changed since recorded"
+
+
+def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dict]:
+    """Steps from `checkpoint` back to r00, then its prompts and raw sources, newest first."""
+    steps, path = [], Path(checkpoint)
+    connection = duckdb.connect()
+    while True:
+        card = read_lineage(path)
+        step = {"kind": "checkpoint", "path": str(path), "checkpoint_id": card["checkpoint_id"], "round": card["round"],
+                "algorithm": card["algorithm"], "parent": card["parent"], "params_hash": card["params_hash"],
+                "code_version": card["code_version"]}
+        steps.append(step)
+        round_number = card["round"]
+        if round_number == 0:
+            break
+        prefix = round_prefix(round_number)
+        rollouts, rewards = output_path(f"{prefix}/rollouts", root), output_path(f"{prefix}/rewards", root)
+        trained = card["trained_on"]
+        step["rollouts"] = {"path": str(rollouts), "hash": trained["rollouts"], "status": _hash_status(rollouts, trained["rollouts"])}
+        step["rewards"] = {"path": str(rewards), "hash": trained["rewards"], "status": _hash_status(rewards, trained["rewards"])}
+        if rollouts.is_file():
+            row = connection.execute(
+                "select count(*), count(distinct prompt_id), any_value(policy_id), any_value(seed), any_value(prompts_hash) "
+                "from read_parquet(?)", [str(rollouts)]).fetchone()
+            step["rollouts"].update(rows=row[0], prompts=row[1], sampled_by=row[2], seed=row[3], prompts_hash=row[4])
+        if rewards.is_file():
+            row = connection.execute("select avg(reward), any_value(reward_config_hash) from read_parquet(?)", [str(rewards)]).fetchone()
+            step["rewards"].update(mean=row[0], reward_config_hash=row[1])
+        path = output_path(checkpoint_key(round_number - 1), root)
+
+    prompts = output_path("prompts", root)
+    used = [str(output_path(f"{round_prefix(n)}/rollouts", root)) for n in range(1, steps[0]["round"] + 1)]
+    used = [u for u in used if Path(u).is_file()]
+    step = {"kind": "prompts", "path": str(prompts), "status": _hash_status(prompts, read_lineage(path)["trained_on"].get("prompts"))}
+    if prompts.is_file():
+        sources = connection.execute(
+            "select source, source_hash, count(*) as rows, count(*) filter (where prompt_id in (select prompt_id from read_parquet(?))) as rows_in_rollouts "
+            "from read_parquet(?) group by all order by source", [used or [str(prompts)], str(prompts)]).fetchall()
+        step["sources"] = [{"source": s, "source_hash": h, "rows": n, "rows_in_rollouts": k if used else 0} for s, h, n, k in sources]
+    steps.append(step)
+    for source in step.get("sources", []):
+        raw_path = root / source["source"].removeprefix("generator:")
+        steps.append({"kind": "raw", "path": str(raw_path), "hash": source["source_hash"], "status": _hash_status(raw_path, source["source_hash"])})
+    return steps
+
+
+def format_trace(steps: list[dict]) -> str:
+    """The trace as an indented text tree for the terminal."""
+    lines = []
+    for step in steps:
+        if step["kind"] == "checkpoint":
+            lines.append(f"{step['path']}  id={step['checkpoint_id'][:12]}  {step['algorithm']}  parent={step['parent'][:40]}  "
+                         f"params={step['params_hash']}  code={step['code_version']}")
+            for table in ("rollouts", "rewards"):
+                if table in step:
+                    info = step[table]
+                    extra = {k: v for k, v in info.items() if k not in {"path", "hash", "status"}}
+                    lines.append(f"  └─ {info['path']}  md5={info['hash'][:12]}  [{info['status']}]  {json.dumps(extra, default=str)}")
+        elif step["kind"] == "prompts":
+            lines.append(f"{step['path']}  [{step['status']}]")
+            for source in step.get("sources", []):
+                lines.append(f"  └─ {source['source']}  md5={source['source_hash'][:12]}  rows={source['rows']}  used in rollouts={source['rows_in_rollouts']}")
+        else:
+            lines.append(f"{step['path']}  md5={step['hash'][:12]}  [{step['status']}]")
+    return "\n".join(lines)

@@ -1,0 +1,80 @@
+"""advantages.py: group advantages against a naive loop, and the share of signal-free groups."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+import torch
+
+from rl_assets.advantages import equal_reward_group_share, group_advantages
+
+
+def naive_advantages(rewards: list[float], group_size: int, scale: bool, eps: float = 1e-4) -> list[float]:
+    out = []
+    for start in range(0, len(rewards), group_size):
+        group = rewards[start : start + group_size]
+        mean = sum(group) / len(group)
+        std = math.sqrt(sum((r - mean) ** 2 for r in group) / (len(group) - 1))  # unbiased, like torch.std
+        for r in group:
+            out.append((r - mean) / (std + eps) if scale else r - mean)
+    return out
+
+
+@pytest.mark.parametrize("scale", [True, False])
+@pytest.mark.parametrize("B,G", [(1, 2), (3, 4), (7, 8), (5, 3)])
+def test_group_advantages_match_a_naive_loop(B, G, scale):
+    generator = torch.Generator().manual_seed(B * 100 + G)
+    rewards = torch.randn(B * G, generator=generator, dtype=torch.float64) * 3 + 1
+    expected = naive_advantages(rewards.tolist(), G, scale)
+    assert torch.allclose(group_advantages(rewards, G, scale=scale), torch.tensor(expected, dtype=torch.float64), atol=1e-12)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_binary_rewards_match_a_naive_loop(scale):
+    rewards = torch.randint(0, 2, (6 * 8,), generator=torch.Generator().manual_seed(0)).double()
+    assert torch.allclose(group_advantages(rewards, 8, scale=scale), torch.tensor(naive_advantages(rewards.tolist(), 8, scale), dtype=torch.float64))
+
+
+def test_advantages_centre_each_group():
+    advantages = group_advantages(torch.randn(40, generator=torch.Generator().manual_seed(1)), 8).view(5, 8)
+    assert torch.allclose(advantages.sum(dim=1), torch.zeros(5), atol=1e-5)
+
+
+@pytest.mark.parametrize("scale", [True, False])
+def test_all_equal_groups_give_zero_not_nan(scale):
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0])
+    advantages = group_advantages(rewards, 3, scale=scale)
+    assert not torch.isnan(advantages).any()
+    assert advantages[:6].tolist() == [0.0] * 6
+    assert advantages[6] > 0 > advantages[7]
+
+
+def test_groups_of_one_give_zero_not_nan():
+    assert group_advantages(torch.tensor([1.0, 0.0, 3.0]), 1).tolist() == [0.0, 0.0, 0.0]
+
+
+@pytest.mark.parametrize("rewards,group_size", [
+    (torch.zeros(2, 4), 4),  # not flat
+    (torch.zeros(10), 4),  # not a whole number of groups
+    (torch.zeros(()), 1),  # a scalar
+])
+def test_bad_shapes_raise(rewards, group_size):
+    with pytest.raises(ValueError, match=re.escape(f"rewards of shape {tuple(rewards.shape)} do not split into groups of {group_size}")):
+        group_advantages(rewards, group_size)
+
+
+def test_equal_reward_group_share():
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 2.0, 2.0])
+    assert equal_reward_group_share(rewards, 2) == pytest.approx(2 / 3)
+    assert equal_reward_group_share(rewards, 3) == 0.0
+    assert equal_reward_group_share(torch.zeros(8), 4) == 1.0
+
+
+def test_equal_reward_group_share_matches_a_naive_count():
+    rewards = torch.randint(0, 2, (50 * 4,), generator=torch.Generator().manual_seed(2)).float()
+    groups = [rewards[i : i + 4].tolist() for i in range(0, len(rewards), 4)]
+    expected = sum(len(set(g)) == 1 for g in groups) / len(groups)
+    assert 0 < expected < 1
+    assert equal_reward_group_share(rewards, 4) == pytest.approx(expected)

@@ -1,0 +1,221 @@
+"""rewards.py: the built-in reward functions, loading user functions, and scoring a stored table."""
+
+from __future__ import annotations
+
+import math
+import sys
+import textwrap
+
+import pyarrow as pa
+import pytest
+
+from rl_assets.config import RewardsParams
+from rl_assets.rewards import (BUILT_IN, answer_format, arithmetic_answer, resolve_reward_function, reward_config_hash, score_rollouts,
+                               summarize_rewards)
+from rl_assets.schemas import rewards_schema
+
+from rl_assets_support import rollouts_table
+
+USER_MODULE = "rl_assets_test_user_rewards"
+
+
+@pytest.fixture
+def user_module(tmp_path, monkeypatch):
+    """A user reward module on sys.path, removed from sys.modules afterwards."""
+    (tmp_path / f"{USER_MODULE}.py").write_text(textwrap.dedent("""
+        import math
+
+        CALLS = []
+        NOT_A_FUNCTION = 3
+
+        def length_bonus(completions, **kwargs):
+            CALLS.append(sorted(kwargs))
+            return [float(len(c)) for c in completions]
+
+        def some_none(completions, **kwargs):
+            return [None if i % 2 else 2.0 for i in range(len(completions))]
+
+        def nan_on_third(completions, **kwargs):
+            return [math.nan if i == 2 else 0.0 for i in range(len(completions))]
+
+        def inf_on_first(completions, **kwargs):
+            return [math.inf if i == 0 else 0.0 for i in range(len(completions))]
+
+        def too_few(completions, **kwargs):
+            return [0.0]
+    """))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, USER_MODULE, raising=False)
+    yield
+    sys.modules.pop(USER_MODULE, None)
+
+
+# --- built-in functions (TRL signature: completions plus keyword columns) ------------------------
+
+
+@pytest.mark.parametrize("completion,answer,expected", [
+    ("42", "42", 1.0),
+    (" 42 apples", "42", 1.0),
+    ("   42", "42", 1.0),
+    ("-5", "-5", 1.0),
+    (" -5 is it", "-5", 1.0),
+    ("5", "-5", 0.0),
+    ("-5", "5", 0.0),
+    ("3.0", "3", 1.0),
+    ("41", "42", 0.0),
+    ("7 then 42", "42", 0.0),  # only the first number counts
+    ("x=42", "42", 1.0),
+    ("no idea", "42", 0.0),
+    ("", "42", 0.0),
+])
+def test_arithmetic_answer(completion, answer, expected):
+    assert arithmetic_answer([completion], answer=[answer]) == [expected]
+
+
+def test_arithmetic_answer_accepts_trl_keyword_columns():
+    scores = arithmetic_answer(["1", "2", "3"], answer=["1", "1", "3"], prompts=["a", "b", "c"], completion_ids=[[], [], []])
+    assert scores == [1.0, 0.0, 1.0]
+
+
+def test_arithmetic_answer_with_a_non_numeric_reference_scores_zero():
+    assert arithmetic_answer(["5"], answer=["five"]) == [0.0]
+
+
+def test_arithmetic_answer_distinguishes_large_integers():
+    assert arithmetic_answer(["10000000000000001"], answer=["10000000000000000"]) == [0.0]
+
+
+@pytest.mark.parametrize("completion,expected", [
+    ("12", 1.0),
+    (" 12 ", 1.0),
+    ("12\n", 1.0),
+    ("-3", 1.0),
+    ("1.5", 1.0),
+    ("12 and more", 0.0),
+    ("12=12", 0.0),
+    ("", 0.0),
+    ("abc", 0.0),
+    ("1.", 0.0),
+])
+def test_answer_format(completion, expected):
+    assert answer_format([completion]) == [expected]
+
+
+# --- resolving names ---------------------------------------------------------------------------
+
+
+def test_resolve_built_ins():
+    assert resolve_reward_function("arithmetic_answer") is arithmetic_answer
+    assert resolve_reward_function("answer_format") is answer_format
+    assert resolve_reward_function("rl_assets.rewards:answer_format") is answer_format
+
+
+def test_resolve_a_user_function(user_module):
+    function = resolve_reward_function(f"{USER_MODULE}:length_bonus")
+    assert function.__name__ == "length_bonus" and function(["ab", ""]) == [2.0, 0.0]
+
+
+@pytest.mark.parametrize("name,expected", [
+    ("nope", f"rewards.functions: unknown reward 'nope'; built in: {sorted(BUILT_IN)}, or use 'module:function'"),
+    ("no_such_module_xyz:f", "rewards.functions: cannot load 'no_such_module_xyz:f': No module named 'no_such_module_xyz'"),
+    (f"{USER_MODULE}:missing", f"rewards.functions: cannot load '{USER_MODULE}:missing'"),
+    (f"{USER_MODULE}:NOT_A_FUNCTION", f"rewards.functions: '{USER_MODULE}:NOT_A_FUNCTION' is not callable"),
+])
+def test_resolve_errors(user_module, name, expected):
+    with pytest.raises(ValueError) as caught:
+        resolve_reward_function(name)
+    assert str(caught.value).startswith(expected)
+
+
+# --- scoring a stored table ----------------------------------------------------------------------
+
+
+def small_rollouts():
+    """Two prompts x two samples."""
+    return rollouts_table([
+        {"prompt_id": "p1", "sample_idx": 0, "answer": "5", "completion": "5"},
+        {"prompt_id": "p1", "sample_idx": 1, "answer": "5", "completion": "5 apples"},
+        {"prompt_id": "p2", "sample_idx": 0, "answer": "-3", "completion": "7"},
+        {"prompt_id": "p2", "sample_idx": 1, "answer": "-3", "completion": "no"},
+    ])
+
+
+def rewards_params(*functions) -> RewardsParams:
+    return RewardsParams(functions=[{"name": n, "weight": w} for n, w in functions])
+
+
+def test_score_rollouts_columns_and_weighted_total():
+    params = rewards_params(("arithmetic_answer", 1.0), ("answer_format", 0.5))
+    table = score_rollouts(small_rollouts(), params, rollouts_hash="abc")
+    assert table.schema.equals(rewards_schema(["arithmetic_answer", "answer_format"]))
+    assert table["score_arithmetic_answer"].to_pylist() == [1.0, 1.0, 0.0, 0.0]
+    assert table["score_answer_format"].to_pylist() == [1.0, 0.0, 1.0, 0.0]
+    assert table["reward"].to_pylist() == [1.5, 1.0, 0.5, 0.0]
+    assert table["prompt_id"].to_pylist() == ["p1", "p1", "p2", "p2"]
+    assert table["sample_idx"].to_pylist() == [0, 1, 0, 1]
+    assert set(table["policy_id"].to_pylist()) == {"policy"} and set(table["round"].to_pylist()) == {1}
+    assert set(table["rollouts_hash"].to_pylist()) == {"abc"}
+    assert set(table["reward_config_hash"].to_pylist()) == {reward_config_hash(params)}
+
+
+def test_reward_config_hash_follows_names_and_weights():
+    base = reward_config_hash(rewards_params(("arithmetic_answer", 1.0)))
+    assert base == reward_config_hash(rewards_params(("arithmetic_answer", 1.0)))
+    assert base != reward_config_hash(rewards_params(("arithmetic_answer", 2.0)))
+    assert base != reward_config_hash(rewards_params(("answer_format", 1.0)))
+
+
+def test_user_function_gets_the_table_columns_and_a_short_column_name(user_module):
+    table = score_rollouts(small_rollouts(), rewards_params((f"{USER_MODULE}:length_bonus", 2.0)), "h")
+    assert table.column_names[-1] == "score_length_bonus"
+    assert table["score_length_bonus"].to_pylist() == [1.0, 8.0, 1.0, 2.0]
+    assert table["reward"].to_pylist() == [2.0, 16.0, 2.0, 4.0]
+    assert sys.modules[USER_MODULE].CALLS == [["answer", "completion_ids", "prompt", "prompt_id", "truncated"]]
+
+
+def test_none_scores_stay_null_and_count_as_zero(user_module):
+    table = score_rollouts(small_rollouts(), rewards_params((f"{USER_MODULE}:some_none", 1.0), ("arithmetic_answer", 1.0)), "h")
+    assert table["score_some_none"].to_pylist() == [2.0, None, 2.0, None]
+    assert table["reward"].to_pylist() == [3.0, 1.0, 2.0, 0.0]
+
+
+@pytest.mark.parametrize("function,value,key", [
+    ("nan_on_third", "nan", "prompt_id=p2 sample_idx=0"),
+    ("inf_on_first", "inf", "prompt_id=p1 sample_idx=0"),
+])
+def test_non_finite_score_names_function_and_rollout(user_module, function, value, key):
+    with pytest.raises(ValueError) as caught:
+        score_rollouts(small_rollouts(), rewards_params((f"{USER_MODULE}:{function}", 1.0)), "h")
+    assert str(caught.value) == f"reward '{USER_MODULE}:{function}' returned {value} for rollout {key}"
+
+
+def test_wrong_number_of_scores(user_module):
+    with pytest.raises(ValueError, match=rf"reward '{USER_MODULE}:too_few' returned 1 scores for 4 rollouts"):
+        score_rollouts(small_rollouts(), rewards_params((f"{USER_MODULE}:too_few", 1.0)), "h")
+
+
+# --- summary -------------------------------------------------------------------------------------
+
+
+def test_summarize_rewards(user_module):
+    table = score_rollouts(small_rollouts(), rewards_params(("arithmetic_answer", 1.0), (f"{USER_MODULE}:some_none", 0.0)), "h")
+    # totals [1, 1, 0, 0]: mean 0.5, sample std sqrt(1/3); both groups all-equal.
+    summary = summarize_rewards(table, group_size=2)
+    assert summary["rows"] == 4
+    assert summary["reward_mean"] == pytest.approx(0.5)
+    assert summary["reward_std"] == pytest.approx(math.sqrt(1 / 3))
+    assert summary["equal_reward_group_share"] == 1.0
+    assert summary["mean_score_arithmetic_answer"] == pytest.approx(0.5)
+    assert summary["mean_score_some_none"] == pytest.approx(2.0)  # None scores are left out of the mean
+    by_four = summarize_rewards(table, group_size=4)
+    assert by_four["equal_reward_group_share"] == 0.0
+
+
+def test_summarize_rewards_mixed_groups_and_all_none_scores():
+    schema = rewards_schema(["f"])
+    rows = [{"round": 1, "prompt_id": f"p{i // 2}", "sample_idx": i % 2, "policy_id": "x", "reward": r, "reward_config_hash": "c",
+             "rollouts_hash": "h", "score_f": None} for i, r in enumerate([1.0, 0.0, 2.0, 2.0, 0.5, 0.5])]
+    summary = summarize_rewards(pa.Table.from_pylist(rows, schema=schema), group_size=2)
+    assert summary["equal_reward_group_share"] == pytest.approx(2 / 3)
+    assert summary["reward_mean"] == pytest.approx(1.0)
+    assert math.isnan(summary["mean_score_f"])

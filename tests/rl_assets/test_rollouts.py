@@ -1,0 +1,138 @@
+"""rollouts.py: generation, stored log-probs against a one-sequence-at-a-time computation, the table."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_assets.config import RolloutsParams
+from rl_assets.models import build_tiny_tokenizer
+from rl_assets.rollouts import choose_prompts, completion_logprobs, generate, sample_rollouts
+from rl_assets.schemas import ROLLOUTS, read_table, write_table
+
+from rl_assets_support import prompts_table, shared_tiny_model
+
+PROMPTS = ["1+1=", "12+7=", "3*4=", "100-42="]
+
+
+def naive_logprobs(model, prompt: list[int], completion: list[int], temperature: float) -> list[float]:
+    """One unpadded sequence at a time: log-softmax of the logits that predict each completion token."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].double() / temperature
+    logprobs = torch.log_softmax(logits, dim=-1)
+    return [logprobs[len(prompt) - 1 + j, token].item() for j, token in enumerate(completion)]
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_completion_logprobs_match_one_sequence_at_a_time(temperature):
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
+    completion_ids = [[5, 6, 2], [7], [8, 9, 10, 11, 12], []]  # ragged lengths force right padding; one empty
+    with torch.no_grad():
+        logprobs, mask = completion_logprobs(tiny_model, prompt_ids, completion_ids, tokenizer.pad_token_id, temperature)
+    assert logprobs.shape == mask.shape == (4, 5)
+    assert mask.tolist() == [[1, 1, 1, 0, 0], [1, 0, 0, 0, 0], [1, 1, 1, 1, 1], [0, 0, 0, 0, 0]]
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        expected = naive_logprobs(tiny_model, p, c, temperature)
+        assert logprobs[i, : len(c)].tolist() == pytest.approx(expected, abs=1e-5)
+        assert (logprobs[i, len(c):] == 0).all()
+
+
+def test_completion_logprobs_keep_the_graph_for_training():
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    logprobs, mask = completion_logprobs(tiny_model, [tokenizer("1+1=")["input_ids"]], [[6, 2]], tokenizer.pad_token_id)
+    assert logprobs.requires_grad
+    (logprobs * mask).sum().backward()
+    assert any(p.grad is not None and p.grad.abs().sum() > 0 for p in tiny_model.parameters())
+    tiny_model.zero_grad(set_to_none=True)
+
+
+def test_generate_shapes_and_truncation_flags():
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    out = generate(tiny_model, tokenizer, PROMPTS, 3, greedy=False, max_new_tokens=6, seed=1, batch_size=8)  # two batches
+    n = 3 * len(PROMPTS)
+    assert len(out.prompt_ids) == len(out.completion_ids) == len(out.texts) == len(out.truncated) == n
+    eos = tokenizer.eos_token_id
+    for i, (prompt_ids, completion, text, truncated) in enumerate(zip(out.prompt_ids, out.completion_ids, out.texts, out.truncated)):
+        assert prompt_ids == tokenizer(PROMPTS[i // 3])["input_ids"]  # no left padding left in the stored prompt
+        assert 1 <= len(completion) <= 6
+        assert eos not in completion[:-1]  # nothing is kept after the end-of-sequence token
+        assert truncated == (completion[-1] != eos)
+        if truncated:
+            assert len(completion) == 6
+        assert text == tokenizer.decode(completion, skip_special_tokens=True)
+    assert any(out.truncated) and not all(out.truncated)  # the random model does sometimes stop
+
+
+def test_greedy_decoding_is_deterministic():
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    first = generate(tiny_model, tokenizer, PROMPTS, 2, greedy=True, max_new_tokens=5, seed=0)
+    second = generate(tiny_model, tokenizer, PROMPTS, 2, greedy=True, max_new_tokens=5, seed=123)
+    assert first == second
+    assert first.completion_ids[0::2] == first.completion_ids[1::2]  # the G greedy samples of a prompt agree
+
+
+def test_sampling_is_seeded():
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    sample = lambda seed: generate(tiny_model, tokenizer, PROMPTS, 4, greedy=False, max_new_tokens=5, seed=seed)  # noqa: E731
+    assert sample(7) == sample(7)
+    assert sample(7).completion_ids != sample(8).completion_ids
+
+
+SPLITS = ["rl", "eval", "rl", "sft", "rl", "rl"]
+PROBLEMS = [(f"{a}+{a + 1}=", str(2 * a + 1)) for a in range(len(SPLITS))]
+
+
+def test_sample_rollouts_table(tmp_path):
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    prompts = prompts_table(PROBLEMS, SPLITS)
+    params = RolloutsParams(prompts_per_round=3, samples_per_prompt=2, max_new_tokens=5, batch_size=4, temperature=0.9, top_p=1.0)
+    table = sample_rollouts(tiny_model, tokenizer, prompts, params, round_number=2, seed=3, policy_id="ckpt", prompts_hash="ph", progress=False)
+    assert table.schema.equals(ROLLOUTS)
+    assert read_table(write_table(table, tmp_path / "rollouts.parquet", ROLLOUTS, "rollouts"), "rollouts").to_pylist() == table.to_pylist()
+    rows = table.to_pylist()
+    assert len(rows) == 6
+    assert [r["sample_idx"] for r in rows] == [0, 1] * 3
+    rl_ids = {r["prompt_id"] for r in prompts.to_pylist() if r["split"] == "rl"}
+    assert {r["prompt_id"] for r in rows} <= rl_ids and len({r["prompt_id"] for r in rows}) == 3
+    for row in rows:
+        assert len(row["logprobs"]) == len(row["completion_ids"]) >= 1
+        assert all(lp <= 0 for lp in row["logprobs"])
+        assert row["prompt_ids"] == tokenizer(row["prompt"])["input_ids"]
+        assert row["truncated"] == (row["completion_ids"][-1] != tokenizer.eos_token_id)
+        assert (row["round"], row["policy_id"], row["prompts_hash"], row["seed"]) == (2, "ckpt", "ph", 3002)
+        assert (row["max_new_tokens"], row["top_p"]) == (5, 1.0) and row["temperature"] == pytest.approx(0.9)
+        # The stored log-probs are the sampling policy's, so training's first ratio is 1.
+        expected = naive_logprobs(tiny_model, row["prompt_ids"], row["completion_ids"], 0.9)
+        assert row["logprobs"] == pytest.approx(expected, abs=1e-5)
+
+
+def test_sample_rollouts_is_reproducible():
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    prompts = prompts_table(PROBLEMS, SPLITS)
+    params = RolloutsParams(prompts_per_round=2, samples_per_prompt=3, max_new_tokens=3)
+    run = lambda: sample_rollouts(tiny_model, tokenizer, prompts, params, round_number=1, seed=0, policy_id="p", prompts_hash="h", progress=False)  # noqa: E731
+    assert run().equals(run())
+
+
+def test_choose_prompts_picks_rl_rows_only_and_is_seeded():
+    splits = [["eval", "sft", "rl"][i % 3] for i in range(60)]
+    prompts = prompts_table([(f"{i}+0=", str(i)) for i in range(60)], splits)
+    chosen = choose_prompts(prompts, 10, round_number=1, seed=0)
+    assert chosen.num_rows == 10
+    assert set(chosen["split"].to_pylist()) == {"rl"}
+    assert len(set(chosen["prompt_id"].to_pylist())) == 10
+    assert chosen.equals(choose_prompts(prompts, 10, round_number=1, seed=0))
+    assert chosen["prompt_id"].to_pylist() != choose_prompts(prompts, 10, round_number=2, seed=0)["prompt_id"].to_pylist()
+    assert chosen["prompt_id"].to_pylist() != choose_prompts(prompts, 10, round_number=1, seed=1)["prompt_id"].to_pylist()
+    assert choose_prompts(prompts, 1000, round_number=1, seed=0).num_rows == 20  # capped at the rl split
+
+
+def test_choose_prompts_without_rl_rows():
+    with pytest.raises(ValueError, match="no 'rl' split rows"):
+        choose_prompts(prompts_table([("1+1=", "2"), ("1+2=", "3")], ["eval", "sft"]), 4, round_number=1, seed=0)
+
+
+def test_choose_prompts_from_an_empty_table():
+    with pytest.raises(ValueError, match="no 'rl' split rows"):
+        choose_prompts(prompts_table([]), 4, round_number=1, seed=0)

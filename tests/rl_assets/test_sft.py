@@ -1,0 +1,38 @@
+"""sft.py: our `sft` section mapped onto TRL's SFTConfig, and a short warm start on the sft split."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from rl_assets.config import SFTParams
+from rl_assets.models import build_tiny_tokenizer
+from rl_assets.sft import sft_config, warm_start
+
+from rl_assets_support import new_tiny_model, prompts_table
+
+
+def test_sft_config_maps_our_section(tmp_path):
+    config = sft_config(SFTParams(learning_rate=1e-3, max_steps=40, batch_size=8), str(tmp_path), seed=5, use_cpu=True)
+    assert (config.learning_rate, config.max_steps, config.per_device_train_batch_size) == (1e-3, 40, 8)
+    assert (config.seed, config.data_seed, config.use_cpu, config.bf16) == (5, 5, True, False)
+    assert config.warmup_steps == 2 and config.logging_steps == 4
+    assert config.completion_only_loss is True and config.save_strategy == "no"
+
+
+def test_warm_start_trains_on_sft_rows_only():
+    problems = [(f"{a}+1=", str(a + 1)) for a in range(12)]
+    prompts = prompts_table(problems, [["sft", "rl", "eval", "sft"][a % 4] for a in range(12)])  # 6 sft rows
+    model = new_tiny_model(0)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    metrics = warm_start(model, build_tiny_tokenizer(), prompts, SFTParams(max_steps=2, batch_size=4, learning_rate=1e-2), seed=0)
+    assert metrics["sft_examples"] == 6 and metrics["sft_steps"] == 2
+    assert metrics["sft_loss_first"] is not None and metrics["sft_loss_first"] > 0
+    assert not model.training
+    assert any(not torch.equal(before[k], v) for k, v in model.state_dict().items())
+
+
+def test_warm_start_without_sft_rows():
+    prompts = prompts_table([("1+1=", "2"), ("1+2=", "3")], ["rl", "eval"])
+    with pytest.raises(ValueError, match="no 'sft' split rows"):
+        warm_start(new_tiny_model(0), build_tiny_tokenizer(), prompts, SFTParams(max_steps=1), seed=0)
