@@ -13,7 +13,17 @@ from dagster import AssetExecutionContext, AssetKey, MaterializeResult, PipesSub
 from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute
 from rl_assets.paths import checkpoint_key, output_path
 
-COMPUTE_TAGS = {"rl_assets/compute": "true"}
+def compute_tags() -> dict:
+    """Op tags of a compute step: its GPU need, which dagster-k8s turns into an nvidia.com/gpu request."""
+    gpus = load_project_params().compute.gpus_per_step
+    tags = {"rl_assets/compute": "true", "rl_assets/gpus": str(gpus)}
+    if gpus:
+        limits = {"nvidia.com/gpu": str(gpus)}
+        tags["dagster-k8s/config"] = {"container_config": {"resources": {"requests": limits, "limits": limits}}}
+    return tags
+
+
+COMPUTE_TAGS = compute_tags()
 
 
 def dvc_meta(params: list[str], code: list[str], inputs: list[str] | None = None) -> dict:

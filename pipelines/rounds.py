@@ -8,7 +8,7 @@ Dagster's lineage view and dvc.lock show the whole chain.
 from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, PipesSubprocessClient, asset
 
 from pipelines.assets import COMPUTE_TAGS, dvc_meta
-from pipelines.steps import ParamsResource, materialized, run_compute
+from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute
 from rl_assets.paths import checkpoint_key, output_path, round_prefix
 
 
@@ -48,9 +48,11 @@ def round_assets(n: int) -> list[AssetsDefinition]:
         path = write_table(table, output_path(f"{prefix}/rewards"), rewards_schema(reward_function_names(table)), "rewards")
         return materialized(context, path, summarize_rewards(table, p.rollouts.samples_per_prompt))
 
+    reference = [AssetKey(checkpoint_key(0).split("/"))] if load_project_params().train.beta > 0 and n > 1 else []
+
     @asset(
         key=AssetKey([prefix, "checkpoint"]),
-        deps=[rewards, rollouts, previous],
+        deps=[rewards, rollouts, previous, *reference],  # r00 is the KL reference when train.beta > 0
         group_name=prefix,
         kinds={"pytorch"},
         pool="gpu",

@@ -1,7 +1,8 @@
 """Checkpoint folders: `save_pretrained` output plus a `lineage.json` card, written atomically.
 
-The checkpoint id is the content hash of everything but the card, so two folders with the same
-weights and tokenizer have the same id, and rollouts name the exact policy that sampled them.
+The checkpoint id is the content hash of the weight files, so two folders with the same weights
+have the same id (tokenizer files pick up loader bookkeeping when re-saved), and rollouts name the
+exact policy that sampled them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict) -> str:
     with atomic_path(path, is_dir=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        checkpoint_id = dir_hash(tmp)
+        weights = [p.name for p in tmp.iterdir() if p.suffix != ".safetensors"]
+        checkpoint_id = dir_hash(tmp, exclude=tuple(weights))
         card = {"checkpoint_id": checkpoint_id, "code_version": code_version(), **lineage}
         (tmp / LINEAGE_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
     return checkpoint_id

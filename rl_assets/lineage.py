@@ -23,6 +23,17 @@ def _hash_status(path: Path, recorded: str | None) -> str:
     return "ok" if recorded is None or file_hash(path) == recorded else "changed since recorded"
 
 
+def _query(connection, sql: str, path: Path, step: dict):
+    """One row about a table, or None (with the step's status saying why) when it is missing or unreadable."""
+    if not path.is_file():
+        return None
+    try:
+        return connection.execute(sql, [str(path)]).fetchone()
+    except duckdb.Error as error:
+        step["status"] = f"unreadable: {str(error).splitlines()[0]}"
+        return None
+
+
 def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dict]:
     """Steps from `checkpoint` back to r00, then its prompts and raw sources, newest first."""
     steps, path = [], Path(checkpoint)
@@ -41,13 +52,12 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dic
         trained = card["trained_on"]
         step["rollouts"] = {"path": str(rollouts), "hash": trained["rollouts"], "status": _hash_status(rollouts, trained["rollouts"])}
         step["rewards"] = {"path": str(rewards), "hash": trained["rewards"], "status": _hash_status(rewards, trained["rewards"])}
-        if rollouts.is_file():
-            row = connection.execute(
-                "select count(*), count(distinct prompt_id), any_value(policy_id), any_value(seed), any_value(prompts_hash) "
-                "from read_parquet(?)", [str(rollouts)]).fetchone()
+        row = _query(connection, "select count(*), count(distinct prompt_id), any_value(policy_id), any_value(seed), "
+                     "any_value(prompts_hash) from read_parquet(?)", rollouts, step["rollouts"])
+        if row:
             step["rollouts"].update(rows=row[0], prompts=row[1], sampled_by=row[2], seed=row[3], prompts_hash=row[4])
-        if rewards.is_file():
-            row = connection.execute("select avg(reward), any_value(reward_config_hash) from read_parquet(?)", [str(rewards)]).fetchone()
+        row = _query(connection, "select avg(reward), any_value(reward_config_hash) from read_parquet(?)", rewards, step["rewards"])
+        if row:
             step["rewards"].update(mean=row[0], reward_config_hash=row[1])
         path = output_path(checkpoint_key(round_number - 1), root)
 
@@ -56,10 +66,13 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dic
     used = [u for u in used if Path(u).is_file()]
     step = {"kind": "prompts", "path": str(prompts), "status": _hash_status(prompts, read_lineage(path)["trained_on"].get("prompts"))}
     if prompts.is_file():
-        sources = connection.execute(
-            "select source, source_hash, count(*) as rows, count(*) filter (where prompt_id in (select prompt_id from read_parquet(?))) as rows_in_rollouts "
-            "from read_parquet(?) group by all order by source", [used or [str(prompts)], str(prompts)]).fetchall()
-        step["sources"] = [{"source": s, "source_hash": h, "rows": n, "rows_in_rollouts": k if used else 0} for s, h, n, k in sources]
+        try:
+            sources = connection.execute(
+                "select source, source_hash, count(*) as rows, count(*) filter (where prompt_id in (select prompt_id from read_parquet(?))) "
+                "from read_parquet(?) group by all order by source", [used or [str(prompts)], str(prompts)]).fetchall()
+            step["sources"] = [{"source": s, "source_hash": h, "rows": n, "rows_in_rollouts": k if used else 0} for s, h, n, k in sources]
+        except duckdb.Error as error:
+            step["status"] = f"unreadable: {str(error).splitlines()[0]}"
     steps.append(step)
     for source in step.get("sources", []):
         raw_path = root / source["source"].removeprefix("generator:")

@@ -83,6 +83,10 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     bar.close()
     model.eval()
     elapsed = time.perf_counter() - started
+    if world > 1:  # each rank saw its slice; report the whole minibatch (grad_norm is already global)
+        local = torch.tensor([totals[k] for k in ("loss", "clip_fraction", "kl_old", "kl_ref")], dtype=torch.float64)
+        dist.all_reduce(local)
+        totals.update(zip(("loss", "clip_fraction", "kl_old", "kl_ref"), (local / world).tolist()))
     result = {key: value / max(steps, 1) for key, value in totals.items()}
     result.update(
         steps=steps,

@@ -1,0 +1,113 @@
+"""The code location: what importing it costs, the shape of the asset graph, pools, and dvc.yaml sync."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+from dagster import AssetKey
+
+from conftest import REPO, import_pipelines, python
+from rl_assets.config import load_params
+
+REPO_ROUNDS = load_params(REPO / "params.yaml").rounds
+
+
+def key(text: str) -> AssetKey:
+    return AssetKey(text.split("/"))
+
+
+@pytest.fixture(scope="module")
+def graph():
+    return import_pipelines("pipelines.definitions").defs.resolve_asset_graph()
+
+
+def test_importing_definitions_does_not_import_torch_transformers_or_trl():
+    code = ("import json, sys; import pipelines.definitions as d; assert d.defs; "
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'trl'})))")
+    done = python(["-c", code], REPO, timeout=120)
+    assert json.loads(done.stdout.strip().splitlines()[-1]) == []
+
+
+def test_graph_unrolls_every_round_of_params_yaml(graph):
+    rounds = [f"r{n:02d}" for n in range(1, REPO_ROUNDS + 1)]
+    expected = {"raw_data", "prompts", "r00/checkpoint", "evaluation"} | {f"{r}/{s}" for r in rounds for s in ("rollouts", "rewards", "checkpoint")}
+    assert REPO_ROUNDS >= 2, "the repo's params.yaml should have several rounds for this test to mean something"
+    assert {k.to_user_string() for k in graph.get_all_asset_keys()} == expected
+
+    parents = lambda k: {p.to_user_string() for p in graph.get(key(k)).parent_keys}  # noqa: E731
+    assert parents("raw_data") == set()
+    assert parents("prompts") == {"raw_data"}
+    assert parents("r00/checkpoint") == {"prompts"}
+    for n in range(1, REPO_ROUNDS + 1):
+        r, previous = f"r{n:02d}", f"r{n - 1:02d}/checkpoint"
+        assert parents(f"{r}/rollouts") == {previous, "prompts"}
+        assert parents(f"{r}/rewards") == {f"{r}/rollouts"}
+        assert parents(f"{r}/checkpoint") == {f"{r}/rewards", f"{r}/rollouts", previous}
+    assert parents("evaluation") == {"prompts"} | {f"r{n:02d}/checkpoint" for n in range(REPO_ROUNDS + 1)}
+
+    # flow order: every round after the one before it
+    order = [k.to_user_string() for k in graph.toposorted_asset_keys]
+    assert order.index("r00/checkpoint") < order.index("r01/rollouts")
+    assert all(order.index(f"r{n - 1:02d}/checkpoint") < order.index(f"r{n:02d}/rollouts") for n in range(1, REPO_ROUNDS + 1))
+    assert order[-1] == "evaluation"
+
+
+def test_compute_assets_are_in_the_gpu_pool_and_table_assets_are_not(graph):
+    compute = {"r00/checkpoint", "evaluation"} | {f"r{n:02d}/{s}" for n in range(1, REPO_ROUNDS + 1) for s in ("rollouts", "checkpoint")}
+    in_process = {"raw_data", "prompts"} | {f"r{n:02d}/rewards" for n in range(1, REPO_ROUNDS + 1)}
+    for k in compute:
+        assert graph.get(key(k)).pools == {"gpu"}, k
+    for k in in_process:
+        assert "gpu" not in graph.get(key(k)).pools, k
+
+
+def test_compute_ops_declare_their_gpu_need_in_tags():
+    code = ("import json; from pipelines.definitions import defs; g = defs.resolve_asset_graph(); "
+            "print(json.dumps({k.to_user_string(): defs.resolve_assets_def(k).op.tags for k in g.get_all_asset_keys() if g.get(k).pools}))")
+    done = python(["-c", code], REPO, timeout=120, RL_ASSETS_SET="compute.gpus_per_step=2")
+    tags = json.loads(done.stdout.strip().splitlines()[-1])
+    assert tags, "no compute ops found"
+    for asset, op_tags in tags.items():
+        gpu_tags = {k: v for k, v in op_tags.items() if "gpu" in (k + str(v)).lower()}
+        assert any("2" in str(v) for v in gpu_tags.values()), f"{asset}: tags {op_tags} do not declare 2 GPUs"
+
+
+def test_committed_dvc_yaml_is_the_generated_one():
+    done = python(["-m", "pipelines", "dvc-sync", "--check"], REPO, timeout=120, check=False)
+    assert done.returncode == 0, done.stderr
+
+
+def test_dvc_yaml_has_one_stage_per_asset_materializing_it(graph):
+    stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
+    assert list(stages) == [k.to_user_string().replace("/", "-") for k in graph.toposorted_asset_keys]
+    for k in graph.toposorted_asset_keys:
+        stage = stages[k.to_user_string().replace("/", "-")]
+        assert stage["cmd"] == f".venv/bin/python -m pipelines materialize {k.to_user_string()}"
+        for parent in graph.get(k).parent_keys:  # every upstream output is a dep, so DVC sees the same edges
+            out = stages[parent.to_user_string().replace("/", "-")]["outs"][0]
+            assert out in stage["deps"], (k, parent)
+    assert stages["r01-rewards"]["params"] == ["rewards"]
+
+
+def test_dvc_sync_check_detects_a_stale_or_edited_dvc_yaml(micro_copy):
+    check = ["-m", "pipelines", "dvc-sync", "--check"]
+    assert python(check, micro_copy, timeout=120, check=False).returncode == 0
+
+    dvc_yaml = micro_copy / "dvc.yaml"
+    generated = dvc_yaml.read_text()
+    dvc_yaml.write_text(generated.replace("- rewards\n", "- rewards\n    - train\n", 1))
+    edited = python(check, micro_copy, timeout=120, check=False)
+    assert edited.returncode == 1
+    assert "dvc-sync" in edited.stderr
+    assert dvc_yaml.read_text() != generated, "--check must not rewrite dvc.yaml"
+
+    # a graph change (one more round) makes the committed file stale; dvc-sync brings it back in line
+    dvc_yaml.write_text(generated)
+    params = micro_copy / "params.yaml"
+    params.write_text(params.read_text().replace("rounds: 1", "rounds: 2"))
+    assert python(check, micro_copy, timeout=120, check=False).returncode == 1
+    python(["-m", "pipelines", "dvc-sync"], micro_copy, timeout=120)
+    assert "r02-checkpoint" in yaml.safe_load(dvc_yaml.read_text())["stages"]
+    assert python(check, micro_copy, timeout=120, check=False).returncode == 0

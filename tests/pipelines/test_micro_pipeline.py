@@ -1,0 +1,174 @@
+"""One in-process `dagster.materialize` of the whole micro pipeline, then its outputs and lineage."""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pytest
+from dagster import AssetKey, PipesSubprocessClient, materialize
+from safetensors.torch import load_file
+
+from conftest import MICRO_OUTPUTS, TABLES, copy_project, import_pipelines, micro_params, python
+from rl_assets.checkpoints import LINEAGE_FILE, read_lineage
+from rl_assets.schemas import read_table, reward_function_names, rewards_schema, write_table
+from rl_assets.storage import content_hash, dir_hash, file_hash
+
+pytestmark = pytest.mark.e2e
+
+PARAMS = micro_params()
+ROUNDS = PARAMS["rounds"]
+
+
+@pytest.fixture(scope="module")
+def pipeline(micro_template, tmp_path_factory):
+    """(project, {asset key: AssetMaterialization}) after one in-process run of every micro asset."""
+    assets = import_pipelines("pipelines.assets")
+    rounds = import_pipelines("pipelines.rounds")
+    from pipelines.steps import ParamsResource
+
+    project = copy_project(micro_template, tmp_path_factory.mktemp("materialize") / "project")
+    definitions = [assets.raw_data, assets.prompts, assets.base_checkpoint]
+    for n in range(1, ROUNDS + 1):
+        definitions += rounds.round_assets(n)
+    definitions.append(assets.evaluation_asset(ROUNDS))
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(project)
+        patch.syspath_prepend(str(project))  # the 'micro_rewards:digit_share' reward runs in this process
+        patch.setenv("RL_ASSETS_DVC_COMMIT", "0")  # DVC recording is test_dvc's business
+        patch.setenv("HF_HUB_OFFLINE", "1")
+        patch.delenv("DVC_STAGE", raising=False)
+        result = materialize(definitions, resources={"pipes": PipesSubprocessClient(),
+                                                     "params": ParamsResource(path=str(project / "params.yaml"))})
+    assert result.success
+    events = {e.asset_key.to_user_string(): e.materialization for e in result.get_asset_materialization_events()}
+    return project, events
+
+
+def test_every_output_exists_and_reads_back(pipeline):
+    project, events = pipeline
+    assert set(events) == set(MICRO_OUTPUTS)
+    for key, name in TABLES.items():
+        assert read_table(project / MICRO_OUTPUTS[key], name).num_rows > 0, key
+    for key in ("r00/checkpoint", "r01/checkpoint"):
+        assert (project / MICRO_OUTPUTS[key] / "model.safetensors").is_file()
+        assert (project / MICRO_OUTPUTS[key] / LINEAGE_FILE).is_file()
+    assert json.loads((project / "data/evaluation.json").read_text())
+    assert (project / "data/evaluation.png").stat().st_size > 0
+    # outputs are renamed into place: no temporary siblings are left behind
+    assert not [p for p in (project / "data").rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
+
+
+def test_data_versions_are_content_hashes(pipeline):
+    project, events = pipeline
+    for key, materialization in events.items():
+        assert materialization.tags["dagster/data_version"] == content_hash(project / MICRO_OUTPUTS[key]), key
+
+
+def test_rollouts_name_the_checkpoint_that_sampled_them(pipeline):
+    project, _ = pipeline
+    r00 = project / MICRO_OUTPUTS["r00/checkpoint"]
+    rollouts = read_table(project / MICRO_OUTPUTS["r01/rollouts"], "rollouts")
+    card = read_lineage(r00)
+    assert card["checkpoint_id"] == dir_hash(r00, exclude=(LINEAGE_FILE,))  # the id is the folder's content hash
+    assert set(rollouts["policy_id"].to_pylist()) == {card["checkpoint_id"]}
+    assert set(rollouts["prompts_hash"].to_pylist()) == {file_hash(project / MICRO_OUTPUTS["prompts"])}
+    assert rollouts.num_rows == PARAMS["rollouts"]["prompts_per_round"] * PARAMS["rollouts"]["samples_per_prompt"]
+
+
+def test_round_checkpoint_lineage_names_parent_and_training_tables(pipeline):
+    project, _ = pipeline
+    card = read_lineage(project / MICRO_OUTPUTS["r01/checkpoint"])
+    assert card["round"] == 1
+    assert card["parent"] == read_lineage(project / MICRO_OUTPUTS["r00/checkpoint"])["checkpoint_id"]
+    assert card["trained_on"] == {"rollouts": file_hash(project / MICRO_OUTPUTS["r01/rollouts"]),
+                                  "rewards": file_hash(project / MICRO_OUTPUTS["r01/rewards"])}
+    assert card["world_size"] == 1
+    assert card["checkpoint_id"] == dir_hash(project / MICRO_OUTPUTS["r01/checkpoint"], exclude=(LINEAGE_FILE,))
+
+
+def test_training_changed_the_weights(pipeline):
+    project, _ = pipeline
+    before = load_file(project / MICRO_OUTPUTS["r00/checkpoint"] / "model.safetensors")
+    after = load_file(project / MICRO_OUTPUTS["r01/checkpoint"] / "model.safetensors")
+    assert before.keys() == after.keys()
+    assert all(before[k].shape == after[k].shape for k in before)
+    assert max((before[k].float() - after[k].float()).abs().max().item() for k in before) > 0
+
+
+def test_evaluation_has_every_checkpoint_in_both_modes(pipeline):
+    project, _ = pipeline
+    table = read_table(project / MICRO_OUTPUTS["evaluation"], "evaluation")
+    assert table.num_rows == 2 * (ROUNDS + 1)
+    assert sorted(zip(table["checkpoint"].to_pylist(), table["mode"].to_pylist())) == sorted(
+        (f"r{n:02d}/checkpoint", mode) for n in range(ROUNDS + 1) for mode in ("greedy", "sampled"))
+    ids = dict(zip(table["checkpoint"].to_pylist(), table["checkpoint_id"].to_pylist()))
+    for n in range(ROUNDS + 1):
+        assert ids[f"r{n:02d}/checkpoint"] == read_lineage(project / f"data/r{n:02d}/checkpoint")["checkpoint_id"]
+
+
+def test_materialization_metadata(pipeline):
+    project, events = pipeline
+    meta = {key: {name: getattr(value, "value", value) for name, value in m.metadata.items()} for key, m in events.items()}
+    rewards = read_table(project / MICRO_OUTPUTS["r01/rewards"], "rewards")["reward"].to_pylist()
+
+    assert meta["r01/rewards"]["rows"] == len(rewards)
+    assert meta["r01/rewards"]["reward_mean"] == pytest.approx(sum(rewards) / len(rewards))
+    assert {"reward_std", "equal_reward_group_share", "mean_score_arithmetic_answer", "mean_score_digit_share"} <= set(meta["r01/rewards"])
+    assert meta["r01/rewards"]["equal_reward_group_share"] < 1, "every group had equal rewards: no training signal"
+
+    assert meta["r01/rollouts"]["rows"] == len(rewards)
+    assert {"mean_completion_tokens", "truncated_share", "samples"} <= set(meta["r01/rollouts"])
+
+    train = meta["r01/checkpoint"]
+    assert {"loss", "clip_fraction", "grad_norm", "steps", "reward_mean", "reward_std"} <= set(train)
+    assert train["reward_mean"] == pytest.approx(meta["r01/rewards"]["reward_mean"], rel=1e-6)
+    assert train["grad_norm"] > 0
+    assert train == pytest.approx(read_lineage(project / MICRO_OUTPUTS["r01/checkpoint"])["metrics"])
+
+    assert "parameters" in meta["r00/checkpoint"]
+    assert {f"r{n:02d}_{mode}_accuracy" for n in range(ROUNDS + 1) for mode in ("greedy", "sampled")} <= set(meta["evaluation"])
+    assert {"accuracy", "plot", "examples"} <= set(meta["evaluation"])
+
+
+def lineage(project, check=True):
+    done = python(["-m", "rl_assets.cli", "lineage", "data/r01/checkpoint", "--json"], project, timeout=120, check=check)
+    return json.loads(done.stdout) if done.returncode == 0 else done
+
+
+def test_lineage_cli_walks_back_to_the_raw_files(pipeline):
+    project, _ = pipeline
+    steps = lineage(project)
+    assert [s["kind"] for s in steps] == ["checkpoint", "checkpoint", "prompts", "raw", "raw"]
+    r01, r00, prompts = steps[:3]
+    assert (r01["round"], r00["round"]) == (1, 0)
+    assert r01["parent"] == r00["checkpoint_id"]
+    assert r01["rollouts"]["status"] == r01["rewards"]["status"] == prompts["status"] == "ok"
+    assert r01["rollouts"]["hash"] == file_hash(project / MICRO_OUTPUTS["r01/rollouts"])
+    assert r01["rollouts"]["sampled_by"] == r00["checkpoint_id"]
+    assert {s["path"] for s in steps[3:]} == {"data/raw/math_problems.json", "data/raw/arithmetic_extra.jsonl"}
+    assert all(s["status"] == "ok" for s in steps[3:])
+    assert sum(s["rows_in_rollouts"] for s in prompts["sources"]) > 0
+
+
+def test_lineage_cli_reports_a_rescored_rewards_table(pipeline, tmp_path):
+    changed = copy_project(pipeline[0], tmp_path / "changed")
+    path = changed / MICRO_OUTPUTS["r01/rewards"]
+    table = read_table(path, "rewards")
+    rewards = table["reward"].to_pylist()
+    rewards[0] += 1.0
+    table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float64()))
+    write_table(table, path, rewards_schema(reward_function_names(table)), "rewards")
+    r01 = lineage(changed)[0]
+    assert r01["rewards"]["status"] == "changed since recorded"
+    assert r01["rollouts"]["status"] == "ok"
+
+
+def test_lineage_cli_reports_damaged_rewards_bytes(pipeline, tmp_path):
+    changed = copy_project(pipeline[0], tmp_path / "changed")
+    with open(changed / MICRO_OUTPUTS["r01/rewards"], "ab") as handle:
+        handle.write(b"\n")  # a line appended to the Parquet file
+    steps = lineage(changed, check=False)
+    assert isinstance(steps, list), f"lineage exited {steps.returncode}: {steps.stderr.strip()}"
+    assert steps[0]["rewards"]["status"] == "changed since recorded"
+    assert steps[0]["rollouts"]["status"] == "ok"
