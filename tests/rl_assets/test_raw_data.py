@@ -18,14 +18,23 @@ from rl_assets.schemas import RAW_DATA
 from rl_assets_support import REPO
 
 REPO_TEMPLATES = REPO / "data" / "raw" / "math_problems.json"
-_OPS = {"+": operator.add, "-": operator.sub, "*": operator.mul}
+
+
+PHRASINGS = [  # (pattern, operation on the two numbers in the order they appear)
+    (r"(\d+)\+(\d+)=", operator.add), (r"(\d+) plus (\d+) is", operator.add), (r"add (\d+) and (\d+):", operator.add),
+    (r"sum of (\d+) and (\d+)\?", operator.add), (r"(\d+)-(\d+)=", operator.sub), (r"(\d+) minus (\d+) is", operator.sub),
+    (r"take (\d+) from (\d+):", lambda b, a: a - b), (r"(\d+)-(\d+) is\?", operator.sub), (r"(\d+)\*(\d+)=", operator.mul),
+    (r"(\d+) times (\d+) is", operator.mul), (r"multiply (\d+) by (\d+):", operator.mul), (r"(\d+)\*(\d+) is\?", operator.mul),
+]
 
 
 def solve(prompt: str) -> int:
-    """Independent answer of a generated 'a<op>b=' prompt."""
-    match = re.fullmatch(r"(\d+)([+*-])(\d+)=", prompt)
-    assert match, f"unexpected prompt {prompt!r}"
-    return _OPS[match.group(2)](int(match.group(1)), int(match.group(3)))
+    """Independent answer of a generated prompt in one of the default phrasings."""
+    for pattern, operation in PHRASINGS:
+        match = re.fullmatch(pattern, prompt)
+        if match:
+            return operation(int(match.group(1)), int(match.group(2)))
+    raise AssertionError(f"unexpected prompt {prompt!r}")
 
 
 def write_templates(folder, templates) -> str:
