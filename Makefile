@@ -44,6 +44,7 @@ dvc-sync: setup
 	$(PY) -m pipelines dvc-sync
 
 bench: setup
+	$(PY) bench/import_time.py
 	$(PY) bench/orchestration_overhead.py
 
 clean:

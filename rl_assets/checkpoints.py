@@ -32,11 +32,16 @@ def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict) -> str:
     with atomic_path(path, is_dir=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        weights = [p.name for p in tmp.iterdir() if p.suffix != ".safetensors"]
-        checkpoint_id = dir_hash(tmp, exclude=tuple(weights))
+        checkpoint_id = weights_hash(tmp)
         card = {"checkpoint_id": checkpoint_id, "code_version": code_version(), **lineage}
         (tmp / LINEAGE_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
     return checkpoint_id
+
+
+def weights_hash(path: str | Path) -> str:
+    """The checkpoint id: hash of the folder's `*.safetensors` files only."""
+    others = tuple(p.name for p in Path(path).iterdir() if p.suffix != ".safetensors")
+    return dir_hash(path, exclude=others)
 
 
 def read_lineage(path: str | Path) -> dict:

@@ -30,7 +30,7 @@ def _query(connection, sql: str, path: Path, step: dict):
     try:
         return connection.execute(sql, [str(path)]).fetchone()
     except duckdb.Error as error:
-        step["status"] = f"unreadable: {str(error).splitlines()[0]}"
+        step["error"] = f"unreadable: {str(error).splitlines()[0]}"
         return None
 
 
@@ -72,7 +72,7 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dic
                 "from read_parquet(?) group by all order by source", [used or [str(prompts)], str(prompts)]).fetchall()
             step["sources"] = [{"source": s, "source_hash": h, "rows": n, "rows_in_rollouts": k if used else 0} for s, h, n, k in sources]
         except duckdb.Error as error:
-            step["status"] = f"unreadable: {str(error).splitlines()[0]}"
+            step["error"] = f"unreadable: {str(error).splitlines()[0]}"
     steps.append(step)
     for source in step.get("sources", []):
         raw_path = root / source["source"].removeprefix("generator:")
@@ -90,7 +90,7 @@ def format_trace(steps: list[dict]) -> str:
             for table in ("rollouts", "rewards"):
                 if table in step:
                     info = step[table]
-                    extra = {k: v for k, v in info.items() if k not in {"path", "hash", "status"}}
+                    extra = {k: v for k, v in info.items() if k not in {"path", "hash", "status"}}  # includes "error" if unreadable
                     lines.append(f"  └─ {info['path']}  md5={info['hash'][:12]}  [{info['status']}]  {json.dumps(extra, default=str)}")
         elif step["kind"] == "prompts":
             lines.append(f"{step['path']}  [{step['status']}]")

@@ -21,6 +21,9 @@ from rl_assets.losses import grpo_loss
 from rl_assets.rollouts import completion_logprobs
 
 
+TOKEN_METRICS = ("clip_fraction", "kl_old", "kl_ref")
+
+
 def join_rewards(rollouts: pa.Table, rewards: pa.Table) -> torch.Tensor:
     """(N,) total reward for each rollout row, matched on (prompt_id, sample_idx)."""
     by_key = {(p, s): r for p, s, r in zip(rewards["prompt_id"].to_pylist(), rewards["sample_idx"].to_pylist(), rewards["reward"].to_pylist())}
@@ -54,8 +57,9 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     optimizer = torch.optim.AdamW(model.parameters(), lr=params.learning_rate, weight_decay=0.0)
     generator = torch.Generator().manual_seed(seed)
     steps_per_epoch = max(1, n // params.minibatch_size)
-    totals = {"loss": 0.0, "clip_fraction": 0.0, "kl_old": 0.0, "kl_ref": 0.0, "grad_norm": 0.0}
-    tokens, started, steps = 0, time.perf_counter(), 0
+    totals = {"loss": 0.0, "grad_norm": 0.0}  # means over steps
+    token_sums = dict.fromkeys(TOKEN_METRICS, 0.0)  # token-weighted, so ranks and steps combine exactly
+    local_tokens, started, steps = 0, time.perf_counter(), 0
     model.train()
     bar = tqdm(total=params.epochs * steps_per_epoch, desc="train", disable=not progress or rank != 0, leave=False)
     for _ in range(params.epochs):
@@ -74,20 +78,26 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
             loss.backward()
             grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), params.max_grad_norm)
             optimizer.step()
-            for key, value in {"loss": loss.item(), "grad_norm": grad_norm.item(), **metrics}.items():
-                totals[key] += value
-            tokens += int(mask.sum().item()) * world
+            totals["loss"] += loss.item()
+            totals["grad_norm"] += grad_norm.item()
+            batch_tokens = int(mask.sum().item())
+            for key in TOKEN_METRICS:
+                token_sums[key] += metrics[key] * batch_tokens
+            local_tokens += batch_tokens
             steps += 1
             bar.update()
             bar.set_postfix(loss=f"{loss.item():.4f}", clip=f"{metrics['clip_fraction']:.3f}")
     bar.close()
     model.eval()
     elapsed = time.perf_counter() - started
+    tokens = local_tokens
     if world > 1:  # each rank saw its slice; report the whole minibatch (grad_norm is already global)
-        local = torch.tensor([totals[k] for k in ("loss", "clip_fraction", "kl_old", "kl_ref")], dtype=torch.float64)
-        dist.all_reduce(local)
-        totals.update(zip(("loss", "clip_fraction", "kl_old", "kl_ref"), (local / world).tolist()))
+        sums = torch.tensor([totals["loss"] / world, *token_sums.values(), float(local_tokens)], dtype=torch.float64)
+        dist.all_reduce(sums)
+        totals["loss"], *values, tokens = sums.tolist()
+        token_sums = dict(zip(TOKEN_METRICS, values))
     result = {key: value / max(steps, 1) for key, value in totals.items()}
+    result.update({key: value / max(tokens, 1) for key, value in token_sums.items()})
     result.update(
         steps=steps,
         tokens_per_second=tokens / elapsed if elapsed else 0.0,

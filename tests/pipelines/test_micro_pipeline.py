@@ -10,9 +10,9 @@ from dagster import AssetKey, PipesSubprocessClient, materialize
 from safetensors.torch import load_file
 
 from conftest import MICRO_OUTPUTS, TABLES, copy_project, import_pipelines, micro_params, python
-from rl_assets.checkpoints import LINEAGE_FILE, read_lineage
+from rl_assets.checkpoints import LINEAGE_FILE, read_lineage, weights_hash
 from rl_assets.schemas import read_table, reward_function_names, rewards_schema, write_table
-from rl_assets.storage import content_hash, dir_hash, file_hash
+from rl_assets.storage import content_hash, file_hash
 
 pytestmark = pytest.mark.e2e
 
@@ -70,7 +70,7 @@ def test_rollouts_name_the_checkpoint_that_sampled_them(pipeline):
     r00 = project / MICRO_OUTPUTS["r00/checkpoint"]
     rollouts = read_table(project / MICRO_OUTPUTS["r01/rollouts"], "rollouts")
     card = read_lineage(r00)
-    assert card["checkpoint_id"] == dir_hash(r00, exclude=(LINEAGE_FILE,))  # the id is the folder's content hash
+    assert card["checkpoint_id"] == weights_hash(r00)  # the id is the content hash of the weights
     assert set(rollouts["policy_id"].to_pylist()) == {card["checkpoint_id"]}
     assert set(rollouts["prompts_hash"].to_pylist()) == {file_hash(project / MICRO_OUTPUTS["prompts"])}
     assert rollouts.num_rows == PARAMS["rollouts"]["prompts_per_round"] * PARAMS["rollouts"]["samples_per_prompt"]
@@ -84,7 +84,7 @@ def test_round_checkpoint_lineage_names_parent_and_training_tables(pipeline):
     assert card["trained_on"] == {"rollouts": file_hash(project / MICRO_OUTPUTS["r01/rollouts"]),
                                   "rewards": file_hash(project / MICRO_OUTPUTS["r01/rewards"])}
     assert card["world_size"] == 1
-    assert card["checkpoint_id"] == dir_hash(project / MICRO_OUTPUTS["r01/checkpoint"], exclude=(LINEAGE_FILE,))
+    assert card["checkpoint_id"] == weights_hash(project / MICRO_OUTPUTS["r01/checkpoint"])
 
 
 def test_training_changed_the_weights(pipeline):

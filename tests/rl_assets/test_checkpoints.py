@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from rl_assets.checkpoints import LINEAGE_FILE, checkpoint_id, read_lineage, save_checkpoint
+from rl_assets.checkpoints import LINEAGE_FILE, checkpoint_id, read_lineage, save_checkpoint, weights_hash
 from rl_assets.models import build_tiny_tokenizer
 from rl_assets.storage import dir_hash
 
@@ -18,7 +18,11 @@ def test_save_checkpoint_writes_card_and_content_id(tmp_path):
     path = tmp_path / "r00" / "checkpoint"
     saved_id = save_checkpoint(tiny_model, tokenizer, path, {"round": 0, "parent": "tiny"})
     card = json.loads((path / LINEAGE_FILE).read_text())
-    assert card["checkpoint_id"] == saved_id == checkpoint_id(path) == dir_hash(path, exclude=(LINEAGE_FILE,))
+    assert card["checkpoint_id"] == saved_id == checkpoint_id(path) == weights_hash(path)
+    weights_only = dir_hash(path, exclude=tuple(p.name for p in path.iterdir() if p.suffix != ".safetensors"))
+    assert saved_id == weights_only
+    (path / "tokenizer_config.json").write_text((path / "tokenizer_config.json").read_text().replace("{", '{"is_local": true, ', 1))
+    assert weights_hash(path) == saved_id  # loader bookkeeping in tokenizer files does not change the id
     assert (card["round"], card["parent"]) == (0, "tiny") and card["code_version"]
     assert read_lineage(path) == card
     assert sorted(p.name for p in path.parent.iterdir()) == ["checkpoint"]

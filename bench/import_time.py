@@ -1,0 +1,40 @@
+"""Code-location load time: `import pipelines.definitions` vs a bare `import dagster` baseline.
+
+    .venv/bin/python bench/import_time.py [--repeat 5]
+
+Every UI reload and schedule tick loads the code location, so it must stay close to Dagster's own
+import cost (the target is under 1.5 s on a 2-core laptop, i.e. no torch/transformers/trl import).
+Each sample is a fresh interpreter; the median of each is reported with the ratio.
+"""
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def sample(statement: str) -> float:
+    started = time.perf_counter()
+    subprocess.run([sys.executable, "-c", statement], cwd=REPO, check=True, capture_output=True)
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--repeat", type=int, default=5)
+    args = parser.parse_args()
+    baseline = statistics.median(sample("import dagster") for _ in range(args.repeat))
+    definitions = statistics.median(sample("import pipelines.definitions") for _ in range(args.repeat))
+    heavy = subprocess.run([sys.executable, "-c", "import sys, pipelines.definitions; print([m for m in ('torch', 'transformers', 'trl') if m in sys.modules])"],
+                           cwd=REPO, check=True, capture_output=True, text=True).stdout.strip()
+    print(json.dumps({"import_dagster_s": round(baseline, 2), "import_definitions_s": round(definitions, 2),
+                      "ratio": round(definitions / baseline, 2), "heavy_modules_loaded": heavy}, indent=2))
+
+
+if __name__ == "__main__":
+    main()
