@@ -52,6 +52,14 @@ def main(argv=None) -> int:
 
     if getattr(args, "overrides", None):
         os.environ["RL_ASSETS_SET"] = ";".join(args.overrides)
+    from pipelines.steps import load_project_params
+    from rl_assets.config import ParamsError
+
+    try:  # fail on a bad params file before Dagster loads the graph or starts a run
+        load_project_params()
+    except ParamsError as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 2
     if args.command == "dvc-sync":
         from pipelines.definitions import defs
         from pipelines.dvc import dvc_yaml_text
