@@ -154,9 +154,8 @@ def run_stage(stage: str, params: Params, round_number: int | None, root: Path) 
     device = _device(params)
     if stage == "sft":
         return run_sft(params, root, device), output_path(checkpoint_key(0), root)
-    if round_number is None or not 1 <= round_number <= params.rounds:
-        if stage != "evaluation":
-            raise ValueError(f"{stage} needs --round between 1 and rounds={params.rounds}")
+    if stage in ("rollouts", "train") and (round_number is None or not 1 <= round_number <= params.rounds):
+        raise ValueError(f"{stage} needs --round between 1 and rounds={params.rounds}")
     if stage == "rollouts":
         return run_rollouts(params, round_number, root, device), output_path(f"{round_prefix(round_number)}/rollouts", root)
     if stage == "train":
