@@ -39,8 +39,8 @@ def load_project_params() -> Params:
 
 
 def compute_command(stage: str, params: ParamsResource, nproc: int, round_number: int | None = None) -> list[str]:
-    """`python -m rl_assets.compute …`, or the same under torchrun when the step uses several processes."""
-    args = ["-m", "rl_assets.compute", stage, "--params", params.path]
+    """`python -m pipelines.pipes_child …`, or the same under torchrun when the step uses several processes."""
+    args = ["-m", "pipelines.pipes_child", stage, "--params", params.path]
     if round_number is not None:
         args += ["--round", str(round_number)]
     for override in params.overrides:

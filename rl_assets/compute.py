@@ -4,8 +4,8 @@
     torchrun --nproc_per_node=2 -m rl_assets.compute train --round 1
 
 Each step reads its inputs from data/, writes its output atomically, and returns the metadata a
-user looks at. Under Dagster Pipes, rank 0 reports that metadata and the output's content hash as
-the materialization; other ranks only compute.
+user looks at. Dagster launches the same steps through `pipelines.pipes_child`, where rank 0
+reports that metadata and the output's content hash as the materialization.
 """
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
 from rl_assets.config import Params, load_params
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix
 from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, write_table
-from rl_assets.storage import content_hash, file_hash
+from rl_assets.storage import file_hash
 
 
 def _markdown_table(header: list[str], rows: list[list]) -> str:
@@ -174,39 +174,41 @@ def _device(params: Params) -> str:
     return device
 
 
-def _init_distributed(params: Params) -> None:
+def start_distributed(params: Params) -> int:
+    """Join the torchrun process group when there is one (gloo on CPU, NCCL on GPUs); returns the rank."""
     if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
         cuda = params.compute.device != "cpu" and torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank() if dist.is_initialized() else 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m rl_assets.compute", description=__doc__.split("\n\n")[0])
+def stop_distributed() -> None:
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m rl_assets.compute") -> tuple[argparse.Namespace, Params]:
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("stage", choices=["sft", "rollouts", "train", "evaluation"])
     parser.add_argument("--round", type=int, default=None, help="round number N for rollouts and train")
     parser.add_argument("--params", default=os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args(argv)
-    params = load_params(args.params, args.overrides)
-    _init_distributed(params)
-    rank = dist.get_rank() if dist.is_initialized() else 0
+    return args, load_params(args.params, args.overrides)
 
-    from dagster_pipes import PipesEnvVarParamsLoader, open_dagster_pipes
 
-    if rank == 0 and PipesEnvVarParamsLoader().is_dagster_pipes_process():
-        with open_dagster_pipes() as pipes:
-            metadata, output = run_stage(args.stage, params, args.round, Path("."))
-            pipes.report_asset_materialization(metadata=metadata, data_version=content_hash(output))
-    else:
-        metadata, output = run_stage(args.stage, params, args.round, Path("."))
-        if rank == 0:
-            plain = {k: v for k, v in metadata.items() if not isinstance(v, dict)}
-            print(json.dumps({"output": str(output), **plain}, indent=2, default=str))
-    if dist.is_initialized():
-        dist.barrier()
-        dist.destroy_process_group()
+def main(argv: list[str] | None = None) -> int:
+    """Run one step on its own (no orchestrator): rank 0 prints the output path and scalar metadata."""
+    args, params = parse_args(argv)
+    rank = start_distributed(params)
+    metadata, output = run_stage(args.stage, params, args.round, Path("."))
+    if rank == 0:
+        plain = {k: v for k, v in metadata.items() if not isinstance(v, dict)}
+        print(json.dumps({"output": str(output), **plain}, indent=2, default=str))
+    stop_distributed()
     return 0
 
 
