@@ -64,7 +64,7 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dic
     prompts = output_path("prompts", root)
     used = [str(output_path(f"{round_prefix(n)}/rollouts", root)) for n in range(1, steps[0]["round"] + 1)]
     used = [u for u in used if Path(u).is_file()]
-    step = {"kind": "prompts", "path": str(prompts), "status": _hash_status(prompts, read_lineage(path)["trained_on"].get("prompts"))}
+    step = {"kind": "prompts", "path": str(prompts), "status": _hash_status(prompts, card["trained_on"].get("prompts"))}  # card is r00's here
     if prompts.is_file():
         try:
             sources = connection.execute(

@@ -6,7 +6,7 @@ import json
 
 import pyarrow as pa
 import pytest
-from dagster import AssetKey, PipesSubprocessClient, materialize
+from dagster import PipesSubprocessClient, materialize
 from safetensors.torch import load_file
 
 from conftest import MICRO_OUTPUTS, TABLES, copy_project, import_pipelines, micro_params, python
