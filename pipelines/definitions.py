@@ -1,4 +1,4 @@
-"""The rl-assets code location: the asset graph in flow order, the job, the executor and resources.
+"""The rl-assets code location: the asset graph in flow order, its checks, the job, its triggers, executor and resources.
 
 Loads without importing torch, transformers or trl (each UI reload and schedule tick loads it).
 """
@@ -6,21 +6,30 @@ Loads without importing torch, transformers or trl (each UI reload and schedule 
 from dagster import AssetSelection, Definitions, PipesSubprocessClient, define_asset_job, multiprocess_executor
 
 from pipelines.assets import base_checkpoint, evaluation_asset, prompts, raw_data
+from pipelines.checks import asset_checks
+from pipelines.promotion import promoted_model
 from pipelines.rounds import round_assets
+from pipelines.schedules import raw_data_sensor, retrain_schedule
 from pipelines.steps import ParamsResource, load_project_params
 
-ROUNDS = load_project_params().rounds
+PARAMS = load_project_params()
+ROUNDS = PARAMS.rounds
 
 assets = [raw_data, prompts, base_checkpoint]
 for n in range(1, ROUNDS + 1):
     assets += round_assets(n)
-assets.append(evaluation_asset(ROUNDS))
+assets += [evaluation_asset(ROUNDS), promoted_model]
 
-rl_pipeline = define_asset_job("rl_pipeline", selection=AssetSelection.all(), description="raw data to evaluated checkpoints, every round.")
+# Runs that write the project's data queue behind each other (dagster.yaml limits this tag to one at a time).
+rl_pipeline = define_asset_job("rl_pipeline", selection=AssetSelection.all(), tags={"rl_assets/writes": "data"},
+                               description="raw data to evaluated checkpoints, every round, then promotion.")
 
 defs = Definitions(
     assets=assets,
+    asset_checks=asset_checks(ROUNDS),
     jobs=[rl_pipeline],
+    schedules=[retrain_schedule(PARAMS)],
+    sensors=[raw_data_sensor],
     executor=multiprocess_executor,
     resources={"pipes": PipesSubprocessClient(), "params": ParamsResource()},
 )

@@ -68,6 +68,8 @@ def dvc_yaml_text(asset_graph) -> str:
         node = asset_graph.get(asset_key)
         key = asset_key.to_user_string()
         meta = {name: getattr(value, "value", value) for name, value in node.metadata.items()}
+        if "rl_assets/params" not in meta:
+            continue  # not a reproducible output (promoted_model), so not a DVC stage
         stages[dvc_stage_name(key)] = stage_spec(
             key,
             upstream=sorted(parent.to_user_string() for parent in node.parent_keys),

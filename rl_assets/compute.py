@@ -36,15 +36,23 @@ def _markdown_table(header: list[str], rows: list[list]) -> str:
 
 def run_sft(params: Params, root: Path, device: str) -> dict:
     """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
-    from rl_assets.models import load_base_model
+    from rl_assets.models import load_base_model, load_policy
+    from rl_assets.promotion import warm_start_path
     from rl_assets.sft import warm_start
 
     prompts_path = output_path("prompts", root)
     prompts = read_table(prompts_path, "prompts")
-    model, tokenizer = load_base_model(params.model, params.seed)
-    metrics = warm_start(model, tokenizer, prompts, params.sft, params.seed, use_cpu=device == "cpu") if params.sft.enabled else {}
-    lineage = {"round": 0, "parent": params.model.name_or_path, "trained_on": {"prompts": file_hash(prompts_path)} if params.sft.enabled else {},
-               "algorithm": "sft" if params.sft.enabled else "none", "params_hash": params.section_hash("seed", "model", "sft"),
+    promoted = warm_start_path(params.promotion, root)
+    if promoted is not None:  # the promoted model already went through SFT and RL: continue from it as is
+        model, tokenizer = load_policy(promoted)
+        metrics, parent, trained_on, algorithm = {}, checkpoint_id(promoted), {}, "promoted"
+    else:
+        model, tokenizer = load_base_model(params.model, params.seed)
+        metrics = warm_start(model, tokenizer, prompts, params.sft, params.seed, use_cpu=device == "cpu") if params.sft.enabled else {}
+        parent, trained_on = params.model.name_or_path, {"prompts": file_hash(prompts_path)} if params.sft.enabled else {}
+        algorithm = "sft" if params.sft.enabled else "none"
+    lineage = {"round": 0, "parent": parent, "trained_on": trained_on, "algorithm": algorithm,
+               "params_hash": params.section_hash("seed", "model", "sft"),
                "metrics": metrics, "num_parameters": sum(p.numel() for p in model.parameters())}
     path = output_path(checkpoint_key(0), root)
     if dist.is_initialized() and dist.get_rank() != 0:
@@ -162,6 +170,10 @@ def run_stage(stage: str, params: Params, round_number: int | None, root: Path) 
         return run_train(params, round_number, root, device), output_path(checkpoint_key(round_number), root)
     if stage == "evaluation":
         return run_evaluation(params, root, device), output_path("evaluation", root)
+    if stage == "promote":
+        from rl_assets.promotion import run_promotion
+
+        return run_promotion(params, root, device)
     raise ValueError(f"unknown stage {stage!r}")
 
 
@@ -192,7 +204,7 @@ def stop_distributed() -> None:
 
 def parse_args(argv: list[str] | None = None, prog: str = "python -m rl_assets.compute") -> tuple[argparse.Namespace, Params]:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=["sft", "rollouts", "train", "evaluation"])
+    parser.add_argument("stage", choices=["sft", "rollouts", "train", "evaluation", "promote"])
     parser.add_argument("--round", type=int, default=None, help="round number N for rollouts and train")
     parser.add_argument("--params", default=os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")

@@ -129,6 +129,25 @@ class EvaluationParams(Section):
     max_new_tokens: int = Field(8, ge=1, description="Completion length cap at evaluation.")
 
 
+class GuardsParams(Section):
+    kl_max: float = Field(0.03, gt=0, description="A checkpoint whose KL to the reference exceeds this fails its blocking check; later rounds stop.")
+    entropy_min: float = Field(0.01, ge=0, description="Mean token entropy (nats) below this counts as a collapsed policy (blocking).")
+    reward_drop_max: float = Field(0.1, ge=0, description="Mean rollout reward may fall at most this much below the previous round's (warning).")
+    accuracy_drop_max: float = Field(0.05, ge=0, description="Sampled held-out accuracy may fall at most this much below the previous checkpoint's (warning).")
+
+
+class ScheduleParams(Section):
+    cron: str = Field("0 3 * * 1", min_length=1, description="When the retraining schedule launches rl_pipeline (cron, UTC).")
+    enabled: bool = Field(False, description="Start the schedule switched on; otherwise switch it on in the UI.")
+    watch_raw_data: bool = Field(False, description="Start the sensor that retrains when the raw data files change switched on.")
+
+
+class PromotionParams(Section):
+    warm_start: Literal["base", "promoted"] = Field("base", description="r00 is the base model (+ SFT), or the promoted model when there is one.")
+    min_improvement: float = Field(0.0, ge=0, description="Sampled accuracy a candidate must gain over the promoted model to replace it.")
+    directory: str = Field("models", min_length=1, description="Where promoted/ (the current model), versions/ and history.jsonl live.")
+
+
 class Params(Section):
     seed: int = Field(0, ge=0, description="Seed of every random choice in the pipeline.")
     rounds: int = Field(3, ge=1, le=99, description="R: RL rounds, each rollouts -> rewards -> checkpoint.")
@@ -141,6 +160,9 @@ class Params(Section):
     rewards: RewardsParams
     train: TrainParams = Field(default_factory=TrainParams)
     evaluation: EvaluationParams = Field(default_factory=EvaluationParams)
+    guards: GuardsParams = Field(default_factory=GuardsParams)
+    schedule: ScheduleParams = Field(default_factory=ScheduleParams)
+    promotion: PromotionParams = Field(default_factory=PromotionParams)
 
     def section_hash(self, *sections: str) -> str:
         """Content hash of the named sections, stored in lineage so a result names the params it used."""

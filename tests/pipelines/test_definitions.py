@@ -32,7 +32,7 @@ def test_importing_definitions_does_not_import_torch_transformers_or_trl():
 
 def test_graph_unrolls_every_round_of_params_yaml(graph):
     rounds = [f"r{n:02d}" for n in range(1, REPO_ROUNDS + 1)]
-    expected = {"raw_data", "prompts", "r00/checkpoint", "evaluation"} | {f"{r}/{s}" for r in rounds for s in ("rollouts", "rewards", "checkpoint")}
+    expected = {"raw_data", "prompts", "r00/checkpoint", "evaluation", "promoted_model"} | {f"{r}/{s}" for r in rounds for s in ("rollouts", "rewards", "checkpoint")}
     assert REPO_ROUNDS >= 2, "the repo's params.yaml should have several rounds for this test to mean something"
     assert {k.to_user_string() for k in graph.get_all_asset_keys()} == expected
 
@@ -46,12 +46,13 @@ def test_graph_unrolls_every_round_of_params_yaml(graph):
         assert parents(f"{r}/rewards") == {f"{r}/rollouts"}
         assert parents(f"{r}/checkpoint") == {f"{r}/rewards", f"{r}/rollouts", previous}
     assert parents("evaluation") == {"prompts"} | {f"r{n:02d}/checkpoint" for n in range(REPO_ROUNDS + 1)}
+    assert parents("promoted_model") == {"evaluation"}
 
     # flow order: every round after the one before it
     order = [k.to_user_string() for k in graph.toposorted_asset_keys]
     assert order.index("r00/checkpoint") < order.index("r01/rollouts")
     assert all(order.index(f"r{n - 1:02d}/checkpoint") < order.index(f"r{n:02d}/rollouts") for n in range(1, REPO_ROUNDS + 1))
-    assert order[-1] == "evaluation"
+    assert order[-2:] == ["evaluation", "promoted_model"]
 
 
 def test_compute_assets_are_in_the_gpu_pool_and_table_assets_are_not(graph):
@@ -81,8 +82,9 @@ def test_committed_dvc_yaml_is_the_generated_one():
 
 def test_dvc_yaml_has_one_stage_per_asset_materializing_it(graph):
     stages = yaml.safe_load((REPO / "dvc.yaml").read_text())["stages"]
-    assert list(stages) == [k.to_user_string().replace("/", "-") for k in graph.toposorted_asset_keys]
-    for k in graph.toposorted_asset_keys:
+    reproducible = [k for k in graph.toposorted_asset_keys if k != key("promoted_model")]  # a decision with history, not a DVC output
+    assert list(stages) == [k.to_user_string().replace("/", "-") for k in reproducible]
+    for k in reproducible:
         stage = stages[k.to_user_string().replace("/", "-")]
         assert stage["cmd"] == f".venv/bin/python -m pipelines materialize {k.to_user_string()}"
         for parent in graph.get(k).parent_keys:  # every upstream output is a dep, so DVC sees the same edges

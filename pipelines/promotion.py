@@ -1,0 +1,29 @@
+"""promoted_model: after the evaluation, the best checkpoint that passed its guards, if it beats the current one.
+
+Not a DVC stage: what it writes (models/promoted, versions, history.jsonl) depends on the models
+promoted before, so it is a decision with a history, not a reproducible output, and DVC would
+delete it before each rerun.
+"""
+
+from dagster import AssetExecutionContext, AssetKey, MaterializeResult, PipesSubprocessClient, asset
+
+from pipelines.assets import COMPUTE_TAGS
+from pipelines.steps import ParamsResource, compute_command
+
+
+@asset(
+    deps=[AssetKey("evaluation")],
+    group_name="promotion",
+    kinds={"pytorch"},
+    owners=["team:rl"],
+    pool="gpu",  # may evaluate the current promoted model again when the evaluation changed
+    op_tags=COMPUTE_TAGS,
+    description="The best evaluated checkpoint whose guards pass, copied to models/promoted/ with a model card, only when it "
+                "beats the current promoted model on the same evaluation; models/history.jsonl keeps every promotion and rollback.",
+)
+def promoted_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
+    command = compute_command("promote", params, nproc=1)
+    context.log.info("launching: %s", " ".join(command))
+    result = pipes.run(context=context, command=command, env={"PYTHONUNBUFFERED": "1"}).get_materialize_result()
+    context.log.info(f"promotion: {getattr(result.metadata['reason'], 'value', result.metadata['reason'])}")
+    return result

@@ -1,0 +1,41 @@
+"""Retraining triggers: a cron schedule and a sensor on the raw data version, both launching rl_pipeline.
+
+Which model a retraining run starts from is `promotion.warm_start` (the promoted model or the base
+model); both triggers are off unless params.yaml switches them on (`schedule.enabled`,
+`schedule.watch_raw_data`) or someone does in the UI.
+"""
+
+import hashlib
+
+from dagster import DefaultScheduleStatus, DefaultSensorStatus, RunRequest, ScheduleDefinition, SensorEvaluationContext, SkipReason, sensor
+
+from pipelines.steps import load_project_params
+from rl_assets.config import Params
+from rl_assets.storage import file_hash
+
+
+def raw_data_version(params: Params) -> str:
+    """Hash of every configured raw source file's bytes: changes exactly when the raw data does."""
+    paths = sorted({source.path for source in params.raw_data.sources})
+    return hashlib.md5("".join(f"{path}\0{file_hash(path)}\n" for path in paths).encode()).hexdigest()
+
+
+def retrain_schedule(params: Params) -> ScheduleDefinition:
+    on = DefaultScheduleStatus.RUNNING if params.schedule.enabled else DefaultScheduleStatus.STOPPED
+    return ScheduleDefinition(name="retrain_schedule", job_name="rl_pipeline", cron_schedule=params.schedule.cron,
+                              execution_timezone="UTC", default_status=on,
+                              description=f"Retrain on the cron of schedule.cron ({params.schedule.cron}, UTC).")
+
+
+@sensor(job_name="rl_pipeline", minimum_interval_seconds=60,
+        default_status=DefaultSensorStatus.RUNNING if load_project_params().schedule.watch_raw_data else DefaultSensorStatus.STOPPED,
+        description="Retrain when the raw data files change; the first tick records the current version without a run.")
+def raw_data_sensor(context: SensorEvaluationContext):
+    version = raw_data_version(load_project_params())
+    if context.cursor is None:
+        context.update_cursor(version)
+        return SkipReason(f"recorded raw data version {version}; a run starts when it changes")
+    if context.cursor == version:
+        return SkipReason(f"raw data unchanged ({version})")
+    context.update_cursor(version)
+    return RunRequest(run_key=f"raw-data-{version}", tags={"rl_assets/raw_data_version": version})

@@ -1,0 +1,91 @@
+"""promotion.py: promote the best checkpoint that passes its guards only when it beats the promoted one; roll back."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from ops_support import GOOD_METRICS, make_fake_project
+from rl_assets import promotion
+from rl_assets.checkpoints import read_lineage, weights_hash
+from rl_assets.config import load_params
+
+
+def promote_once(root, monkeypatch):
+    monkeypatch.chdir(root)  # lineage traces and outputs are relative to the project
+    return promotion.run_promotion(load_params(root / "params.yaml"), root, "cpu")[0]
+
+
+def test_first_promotion_copies_the_best_checkpoint_with_a_card_and_history(tmp_path, monkeypatch):
+    root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.6, 2: 0.5})
+    metadata = promote_once(root, monkeypatch)
+    best = read_lineage(root / "data/r01/checkpoint")["checkpoint_id"]
+    promoted = root / "models/promoted"
+    assert metadata["promoted"] and metadata["source"] == "r01/checkpoint" and metadata["checkpoint_id"] == best
+    assert weights_hash(promoted) == best and read_lineage(promoted)["checkpoint_id"] == best  # loads like any checkpoint
+    card = json.loads((promoted / "model_card.json").read_text())
+    assert card["evaluation"]["sampled"] == 0.6 and card["metrics"] == GOOD_METRICS and card["previous"] is None
+    assert card["rewards"]["functions"][0]["name"] == "arithmetic_answer"
+    assert [r["path"] for r in card["data"]["raw"]] == ["data/raw/extra.jsonl"]
+    assert "r01/checkpoint" in (promoted / "README.md").read_text()
+    assert [e["event"] for e in promotion.history(root / "models")] == ["promote"]
+    assert weights_hash(root / "models/versions" / best) == best
+
+
+def test_a_checkpoint_that_fails_a_guard_is_never_promoted(tmp_path, monkeypatch):
+    root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.9}, metrics={2: {**GOOD_METRICS, "kl": 0.5}})
+    metadata = promote_once(root, monkeypatch)
+    assert metadata["source"] == "r01/checkpoint"
+    assert "kl_within_limit" in metadata["candidates"]["raw_value"]
+
+
+def test_only_a_better_model_replaces_the_promoted_one_and_rollback_restores_it(tmp_path, monkeypatch):
+    root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.5})
+    first = promote_once(root, monkeypatch)["checkpoint_id"]
+    again = promote_once(root, monkeypatch)
+    assert not again["promoted"] and "already" in again["reason"]
+
+    make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.45, 2: 0.5}, seed=1)  # retrained: new weights, no better
+    kept = promote_once(root, monkeypatch)
+    assert not kept["promoted"] and kept["checkpoint_id"] == first and kept["previous_sampled_accuracy"] == 0.5
+
+    make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.45, 2: 0.7}, seed=2)  # retrained and better
+    better = promote_once(root, monkeypatch)
+    assert better["promoted"] and better["checkpoint_id"] != first
+    assert json.loads((root / "models/promoted/model_card.json").read_text())["previous"] == first
+
+    event = promotion.rollback(root / "models")
+    assert event == {"event": "rollback", "checkpoint_id": first, "replaced": better["checkpoint_id"]}
+    assert weights_hash(root / "models/promoted") == first
+    assert [e["event"] for e in promotion.history(root / "models")] == ["promote", "promote", "rollback"]
+    with pytest.raises(ValueError, match="nothing to roll back to"):
+        promotion.rollback(root / "models")
+
+
+def test_a_promoted_model_from_another_evaluation_is_evaluated_again(tmp_path, monkeypatch):
+    root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.5})
+    promote_once(root, monkeypatch)
+    (root / "params.yaml").write_text((root / "params.yaml").read_text().replace("samples_per_prompt: 2", "samples_per_prompt: 3"))
+    make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.6}, seed=1)
+    (root / "params.yaml").write_text((root / "params.yaml").read_text().replace("samples_per_prompt: 2", "samples_per_prompt: 3"))
+    evaluated = []
+    monkeypatch.setattr(promotion, "_evaluate", lambda path, *args: evaluated.append(path) or 0.65)
+    metadata = promote_once(root, monkeypatch)
+    assert evaluated == [root / "models/promoted"]
+    assert not metadata["promoted"] and metadata["previous_sampled_accuracy"] == 0.65
+
+
+def test_nothing_to_promote_is_an_error_when_no_model_was_ever_promoted(tmp_path, monkeypatch):
+    root = make_fake_project(tmp_path, metrics={n: {"loss": float("nan")} for n in range(3)})
+    with pytest.raises(ValueError, match="no checkpoint passed its guards"):
+        promote_once(root, monkeypatch)
+
+
+def test_warm_start_path_only_when_asked_and_present(tmp_path, monkeypatch):
+    root = make_fake_project(tmp_path)
+    params = load_params(root / "params.yaml", ["promotion.warm_start=promoted"])
+    assert promotion.warm_start_path(params.promotion, root) is None
+    promote_once(root, monkeypatch)
+    assert promotion.warm_start_path(params.promotion, root) == root / "models/promoted"
+    assert promotion.warm_start_path(load_params(root / "params.yaml").promotion, root) is None  # default: base model
