@@ -27,8 +27,14 @@ def code_version() -> str:
         return f"rl-assets {__version__}"
 
 
-def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict) -> str:
-    """Write model, tokenizer and lineage card atomically; returns the checkpoint id."""
+def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None) -> str:
+    """Write model, tokenizer and lineage card atomically; returns the checkpoint id.
+
+    A PEFT model is saved as its adapters, or merged into full weights when `lora.merge` is set.
+    """
+    if lora is not None and lora.enabled and lora.merge:
+        model = model.merge_and_unload()
+    model = model.cpu()
     with atomic_path(path, is_dir=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)

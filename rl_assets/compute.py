@@ -14,6 +14,7 @@ import argparse
 import base64
 import json
 import os
+import shutil
 import sys
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import torch.distributed as dist
 
 from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
 from rl_assets.config import Params, load_params
-from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix
+from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix, train_state_dir
 from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, write_table
 from rl_assets.storage import file_hash
 
@@ -57,7 +58,7 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
     path = output_path(checkpoint_key(0), root)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
-    save_checkpoint(model.cpu(), tokenizer, path, lineage)
+    save_checkpoint(model, tokenizer, path, lineage)
     return {"parameters": lineage["num_parameters"], **{k: v for k, v in metrics.items() if v is not None}}
 
 
@@ -80,26 +81,41 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str) -> 
 
 
 def run_train(params: Params, round_number: int, root: Path, device: str) -> dict:
-    """rNN/checkpoint: GRPO on the round's stored rollouts and rewards, starting from rNN-1."""
-    from rl_assets.models import load_policy
-    from rl_assets.train import train_on_rollouts
+    """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
+    from rl_assets.models import load_policy, load_trainable_policy
+    from rl_assets.train_state import fingerprint
 
     prefix = round_prefix(round_number)
     parent = output_path(checkpoint_key(round_number - 1), root)
     rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", root), output_path(f"{prefix}/rewards", root)
-    model, tokenizer = load_policy(parent, device)
-    ref_model = load_policy(output_path(checkpoint_key(0), root), device)[0] if params.train.beta > 0 else None
-    metrics = train_on_rollouts(model, read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards"), params.train,
-                                group_size=params.rollouts.samples_per_prompt, temperature=params.rollouts.temperature,
-                                pad_id=tokenizer.pad_token_id, seed=params.seed * 1000 + round_number, ref_model=ref_model)
+    rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
+    trained_on = {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    model, tokenizer = load_trainable_policy(parent, params.train.lora, output_path(checkpoint_key(0), root), device)
+    seed = params.seed * 1000 + round_number
+    train = params.train
+    if train.algorithm in ("dpo", "rft"):
+        from rl_assets.preference import train_dpo, train_rft
+
+        run = train_dpo if train.algorithm == "dpo" else train_rft
+        model, metrics = run(model, tokenizer, rollouts, rewards, train, seed=seed, use_cpu=not device.startswith("cuda"))
+        history = metrics.pop("history")
+    else:
+        from rl_assets.train import train_on_rollouts
+
+        ref_model = load_policy(output_path(checkpoint_key(0), root), device)[0] if train.beta > 0 else None
+        state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
+        model, metrics, history = train_on_rollouts(
+            model, rollouts, rewards, train, group_size=params.rollouts.samples_per_prompt, temperature=params.rollouts.temperature,
+            pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
+            state_dir=train_state_dir(round_number, root), fingerprint=state)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
-               "trained_on": {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)},
-               "algorithm": params.train.algorithm, "train": params.train.model_dump(mode="json"),
-               "params_hash": params.section_hash("seed", "train"), "world_size": dist.get_world_size() if dist.is_initialized() else 1,
-               "metrics": metrics}
-    save_checkpoint(model.cpu(), tokenizer, output_path(checkpoint_key(round_number), root), lineage)
+               "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
+               "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history}
+    save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora)
+    shutil.rmtree(train_state_dir(round_number, root), ignore_errors=True)  # the round is done; its resume points are not needed
     return metrics
 
 

@@ -1,44 +1,95 @@
-"""Policy-gradient losses as pure tensor functions."""
+"""Policy-gradient losses as pure tensor functions, aggregated the ways TRL's GRPO offers.
+
+One clipped-ratio objective; the loss types differ only in how token terms are averaged:
+
+    grpo     mean over each completion's tokens, then over completions (long answers weigh less per token)
+    bnpo     mean over all tokens of the (local) batch
+    dr_grpo  sum over tokens / (completions * max_completion_length): no length bias (Dr. GRPO)
+    dapo     sum over tokens / tokens of the whole global minibatch (DAPO's token-level loss)
+"""
 
 from __future__ import annotations
 
 import torch
 
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 
-def grpo_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor,
-              clip_epsilon: float = 0.2, ref_logprobs: torch.Tensor | None = None, beta: float = 0.0) -> tuple[torch.Tensor, dict]:
-    """Clipped-ratio GRPO loss with per-sequence aggregation (TRL's `loss_type="grpo"`).
+
+def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
+                loss_type: str = "grpo", epsilon: float = 0.2, epsilon_high: float | None = None,
+                ref_logprobs: torch.Tensor | None = None, beta: float = 0.0, max_completion_length: int | None = None,
+                num_items: float | None = None, num_processes: int = 1) -> tuple[torch.Tensor, dict]:
+    """Clipped-ratio policy-gradient loss with an optional k3 KL penalty to a reference policy.
 
     Args:
         logprobs: (N, T) per-token log-probs under the policy being trained.
         old_logprobs: (N, T) per-token log-probs stored at sampling time.
         advantages: (N,) one advantage per completion.
-        mask: (N, T) 1 for completion tokens, 0 for padding.
-        clip_epsilon: the ratio is clipped to [1 - eps, 1 + eps].
+        mask: (N, T) 1 for completion tokens that count, 0 for padding and masked (e.g. truncated) completions.
+        loss_type: one of LOSS_TYPES (see the module docstring).
+        epsilon: lower clip, the ratio is clipped to [1 - epsilon, 1 + epsilon_high].
+        epsilon_high: upper clip (DAPO's clip-higher); None means epsilon.
         ref_logprobs: (N, T) log-probs under the reference policy, needed when beta > 0.
         beta: weight of the k3 estimator of KL(policy || reference).
+        max_completion_length: dr_grpo's constant denominator (rollouts.max_new_tokens).
+        num_items: dapo's denominator, the completion tokens of the global minibatch (all processes).
+        num_processes: data-parallel processes; dapo multiplies by it because DDP averages gradients.
     Returns:
-        (loss scalar, metrics) where metrics holds detached floats: clip_fraction (share of tokens whose
-        clipped term is active), kl_old (mean old - new log-prob), kl_ref (mean k3 estimate).
+        (loss scalar, metrics): detached floats, token means over this call's unmasked tokens:
+        clip_low / clip_high / clip_fraction (tokens whose clipped term is active, as TRL counts them),
+        kl_old (mean old - new log-prob), kl_ref (mean k3 estimate; 0 when beta is 0).
     """
+    if loss_type not in LOSS_TYPES:
+        raise ValueError(f"loss_type must be one of {LOSS_TYPES}, not {loss_type!r}")
+    epsilon_high = epsilon if epsilon_high is None else epsilon_high
+    advantages = advantages[:, None]
     ratio = torch.exp(logprobs - old_logprobs)
-    unclipped = ratio * advantages[:, None]
-    clipped = torch.clamp(ratio, 1 - clip_epsilon, 1 + clip_epsilon) * advantages[:, None]
-    per_token = -torch.min(unclipped, clipped)
+    clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
+    per_token = -torch.min(ratio * advantages, clipped * advantages)
     kl_ref = torch.zeros_like(per_token)
     if beta > 0:
         if ref_logprobs is None:
             raise ValueError("beta > 0 needs ref_logprobs")
         kl_ref = torch.exp(ref_logprobs - logprobs) - (ref_logprobs - logprobs) - 1
         per_token = per_token + beta * kl_ref
-    lengths = mask.sum(dim=1).clamp(min=1)
-    loss = ((per_token * mask).sum(dim=1) / lengths).mean()
+
+    masked = per_token * mask
+    if loss_type == "grpo":
+        loss = (masked.sum(dim=1) / mask.sum(dim=1).clamp(min=1.0)).mean()
+    elif loss_type == "bnpo":
+        loss = masked.sum() / mask.sum().clamp(min=1.0)
+    elif loss_type == "dr_grpo":
+        if max_completion_length is None:
+            raise ValueError("loss_type 'dr_grpo' needs max_completion_length")
+        loss = masked.sum() / (per_token.shape[0] * max_completion_length)
+    else:  # dapo
+        total = mask.sum().item() * num_processes if num_items is None else num_items
+        loss = masked.sum() / (max(total, 1.0) / num_processes)
+
     with torch.no_grad():
-        tokens = mask.sum().clamp(min=1)
+        tokens = mask.sum().clamp(min=1).item()
+        low = (ratio < 1 - epsilon) & (advantages < 0)
+        high = (ratio > 1 + epsilon_high) & (advantages > 0)
         metrics = {
-            # as TRL counts it: tokens where the clip is active for the sign of their advantage
-            "clip_fraction": ((((ratio < 1 - clip_epsilon) & (advantages[:, None] < 0)) | ((ratio > 1 + clip_epsilon) & (advantages[:, None] > 0))).float() * mask).sum().item() / tokens.item(),
-            "kl_old": (((old_logprobs - logprobs) * mask).sum() / tokens).item(),
-            "kl_ref": ((kl_ref * mask).sum() / tokens).item(),
+            "clip_low": (low.float() * mask).sum().item() / tokens,
+            "clip_high": (high.float() * mask).sum().item() / tokens,
+            "clip_fraction": ((low | high).float() * mask).sum().item() / tokens,
+            "kl_old": ((old_logprobs - logprobs) * mask).sum().item() / tokens,
+            "kl_ref": (kl_ref * mask).sum().item() / tokens,
         }
     return loss, metrics
+
+
+def token_entropy(logits: torch.Tensor) -> torch.Tensor:
+    """Entropy of each next-token distribution.
+
+    Args:
+        logits: (N, T, V) temperature-scaled logits.
+    Returns:
+        (N, T) entropies in nats.
+
+    >>> round(token_entropy(torch.zeros(1, 1, 4)).item(), 4)  # uniform over 4 tokens: log 4
+    1.3863
+    """
+    logp = torch.log_softmax(logits, dim=-1)
+    return -(logp.exp() * logp).sum(dim=-1)

@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from rl_assets.config import ModelParams
+from rl_assets.config import LoraParams, ModelParams
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 TINY_CHARACTERS = string.digits + string.ascii_letters + " +-*/=().,:;?!#%$&'\"<>[]{}\\^_|~@\n"
@@ -72,6 +72,27 @@ def load_policy(path: str | Path, device: str = "cpu"):
     model = AutoModelForCausalLM.from_pretrained(path).to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model.eval()
+    return model, tokenizer
+
+
+def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | Path, device: str = "cpu"):
+    """(model, tokenizer) to train from checkpoint `path`: all weights, or LoRA adapters through PEFT.
+
+    With LoRA, a parent saved as adapters (lora.merge off) keeps training the same adapters on the
+    r00 weights at `base_path`; a parent with full weights (r00, or merged) gets fresh adapters.
+    """
+    if not lora.enabled:
+        return load_policy(path, device)
+    from peft import LoraConfig, PeftModel, get_peft_model
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    if (Path(path) / "adapter_config.json").is_file():
+        base = AutoModelForCausalLM.from_pretrained(base_path)
+        model = PeftModel.from_pretrained(base, path, is_trainable=True)
+    else:
+        config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
+        model = get_peft_model(AutoModelForCausalLM.from_pretrained(path), config)
+    model.to(device).eval()
     return model, tokenizer
 
 

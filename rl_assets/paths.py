@@ -33,3 +33,8 @@ def dvc_stage_name(key: str) -> str:
 
 EVALUATION_METRICS = DATA / "evaluation.json"
 EVALUATION_PLOT = DATA / "evaluation.png"
+
+
+def train_state_dir(round_number: int, root: Path = Path(".")) -> Path:
+    """Intermediate training states of a round (not an asset output: DVC and Dagster never see it)."""
+    return root / DATA / round_prefix(round_number) / "train_state"

@@ -1,27 +1,33 @@
-"""checkpoint (rounds >= 1): GRPO on a round's stored rollouts and rewards; never re-samples.
+"""checkpoint (rounds >= 1), policy gradient: GRPO, RLOO or REINFORCE++ on a round's stored rollouts and rewards.
 
-Reads top to bottom: advantages from the rewards table, then `epochs` passes of shuffled
-minibatches, each a clipped-ratio step against the log-probs stored at sampling time. With several
-processes (torchrun, gloo on CPU) each rank takes an equal slice of every global minibatch and DDP
-averages the gradients, so the update matches one process on the same global batch.
+Reads top to bottom: advantages from the rewards table, then `epochs` passes of shuffled minibatches,
+each a clipped-ratio step against the log-probs stored at sampling time; the table is never
+re-sampled. Accelerate does the data parallelism (torchrun or `accelerate launch`; gloo on CPU),
+mixed precision and loss scaling: each process takes an equal slice of every global minibatch, so
+the update matches one process on the same global batch. The full state is saved every
+`save_steps`, and a rerun of a killed step resumes from it (see train_state.py).
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import shutil
 import time
+from pathlib import Path
 
 import pyarrow as pa
 import torch
-import torch.distributed as dist
 from tqdm.auto import tqdm
 
-from rl_assets.advantages import equal_reward_group_share, group_advantages
+from rl_assets.advantages import equal_reward_group_share, group_advantages, reinforce_pp_advantages, rloo_advantages
 from rl_assets.config import TrainParams
-from rl_assets.losses import grpo_loss
+from rl_assets.losses import policy_loss
 from rl_assets.rollouts import completion_logprobs
+from rl_assets.train_state import commit_state, latest_state, state_path
 
-
-TOKEN_METRICS = ("clip_fraction", "kl_old", "kl_ref")
+TOKEN_METRICS = ("clip_low", "clip_high", "clip_fraction", "kl_old", "kl_ref", "entropy")
+STEP_METRICS = ("loss", "grad_norm")
 
 
 def join_rewards(rollouts: pa.Table, rewards: pa.Table) -> torch.Tensor:
@@ -34,6 +40,24 @@ def join_rewards(rollouts: pa.Table, rewards: pa.Table) -> torch.Tensor:
     return torch.tensor([by_key[k] for k in keys], dtype=torch.float32)
 
 
+def advantages_for(params: TrainParams, reward: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(N,) advantages of the configured estimator."""
+    if params.algorithm == "rloo":
+        return rloo_advantages(reward, group_size)
+    if params.algorithm == "reinforce_pp":
+        return reinforce_pp_advantages(reward, group_size)
+    return group_advantages(reward, group_size, scale=params.scale_rewards)
+
+
+def resolve_mixed_precision(requested: str, device: str) -> str:
+    """auto: bf16 on GPUs that support it, fp16 (with loss scaling) on older GPUs, fp32 ("no") on CPU."""
+    if requested != "auto":
+        return requested
+    if device.startswith("cuda"):
+        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
+    return "no"
+
+
 def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
     out = torch.zeros(len(rows), width)
     for i, row in enumerate(rows):
@@ -42,67 +66,148 @@ def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
 
 
 def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, group_size: int, temperature: float,
-                      pad_id: int, seed: int, ref_model=None, progress: bool = True) -> dict:
-    """Update `model` in place with GRPO on the stored table; returns the round's training metrics."""
-    rank, world = (dist.get_rank(), dist.get_world_size()) if dist.is_initialized() else (0, 1)
-    if params.minibatch_size % world:
-        raise ValueError(f"train.minibatch_size={params.minibatch_size} must divide evenly over {world} processes")
+                      pad_id: int, seed: int, max_new_tokens: int, device: str = "cpu", ref_model=None,
+                      state_dir: Path | None = None, fingerprint: dict | None = None, progress: bool = True):
+    """Update `model` in place on the stored table; returns (trained model, the round's metrics, per-step history)."""
+    from accelerate import Accelerator
+    from transformers import get_scheduler
+
+    accelerator = Accelerator(cpu=not device.startswith("cuda"), mixed_precision=resolve_mixed_precision(params.mixed_precision, device))
+    rank, world, accum = accelerator.process_index, accelerator.num_processes, params.gradient_accumulation_steps
+    if params.minibatch_size % (world * accum):
+        raise ValueError(f"train.minibatch_size={params.minibatch_size} must divide evenly over {world} processes x {accum} accumulation steps")
     reward = join_rewards(rollouts, rewards)
-    advantages = group_advantages(reward, group_size, scale=params.scale_rewards)
+    advantages = advantages_for(params, reward, group_size)
     prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist()
     stored = rollouts["logprobs"].to_pylist()
+    keep = torch.ones(len(prompt_ids))
+    if params.mask_truncated_completions:  # a cut-off answer is neither right nor wrong: leave it out of the loss
+        keep = (~torch.tensor(rollouts["truncated"].to_pylist())).float()
+    tokens_of = torch.tensor([len(c) for c in completion_ids], dtype=torch.float64) * keep.double()
     n = len(prompt_ids)
-
-    ddp = torch.nn.parallel.DistributedDataParallel(model) if world > 1 else model
-    optimizer = torch.optim.AdamW(model.parameters(), lr=params.learning_rate, weight_decay=0.0)
-    generator = torch.Generator().manual_seed(seed)
     steps_per_epoch = max(1, n // params.minibatch_size)
-    totals = {"loss": 0.0, "grad_norm": 0.0}  # means over steps
-    token_sums = dict.fromkeys(TOKEN_METRICS, 0.0)  # token-weighted, so ranks and steps combine exactly
-    local_tokens, started, steps = 0, time.perf_counter(), 0
+    total_steps = params.epochs * steps_per_epoch
+
+    if params.gradient_checkpointing:
+        model.config.use_cache = False
+        model.gradient_checkpointing_enable()
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=params.learning_rate, weight_decay=params.weight_decay)
+    scheduler = get_scheduler(params.lr_scheduler, optimizer, num_warmup_steps=round(params.warmup_ratio * total_steps), num_training_steps=total_steps)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    accelerator.register_for_checkpointing(scheduler)
+
+    sums = {"steps": 0, "tokens": 0.0, **dict.fromkeys(STEP_METRICS, 0.0), **dict.fromkeys(TOKEN_METRICS, 0.0)}  # this rank's running totals
+    history: list[dict] = []
+    start_step = 0
+    if state_dir is not None and not params.resume and accelerator.is_main_process:
+        shutil.rmtree(state_dir, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    if state_dir is not None and params.resume and (found := latest_state(state_dir, fingerprint)):
+        path, info = found
+        accelerator.load_state(str(path))
+        start_step, history = info["step"], info["history"]
+        sums = json.loads((path / f"sums-rank{rank}.json").read_text())
+
     model.train()
-    bar = tqdm(total=params.epochs * steps_per_epoch, desc="train", disable=not progress or rank != 0, leave=False)
-    for _ in range(params.epochs):
-        order = torch.randperm(n, generator=generator)
-        for step in range(steps_per_epoch):
-            batch = order[step * params.minibatch_size : (step + 1) * params.minibatch_size]
-            local = batch.tensor_split(world)[rank].tolist()  # this rank's slice of the global minibatch
-            logprobs, mask = completion_logprobs(ddp, [prompt_ids[i] for i in local], [completion_ids[i] for i in local], pad_id, temperature)
-            old = _pad([stored[i] for i in local], logprobs.shape[1]).to(logprobs.device)
-            ref = None
-            if ref_model is not None and params.beta > 0:
-                with torch.no_grad():
-                    ref, _ = completion_logprobs(ref_model, [prompt_ids[i] for i in local], [completion_ids[i] for i in local], pad_id, temperature)
-            loss, metrics = grpo_loss(logprobs, old, advantages[local].to(logprobs.device), mask, params.clip_epsilon, ref, params.beta)
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), params.max_grad_norm)
+    started, step = time.perf_counter(), 0
+    bar = tqdm(total=total_steps, initial=start_step, desc="train", disable=not progress or rank != 0, leave=False)
+    for epoch in range(params.epochs):
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))  # a function of (seed, epoch): resumable
+        for index in range(steps_per_epoch):
+            step += 1
+            if step <= start_step:
+                continue
+            batch = order[index * params.minibatch_size : (index + 1) * params.minibatch_size]
+            num_items = tokens_of[batch].sum().item() / accum  # dapo: tokens of the global minibatch, per micro-step
+            micro_batches = batch.tensor_split(world)[rank].tensor_split(accum)  # this rank's slice, in micro-batches
+            step_sums = dict.fromkeys(TOKEN_METRICS, 0.0) | {"loss": 0.0, "tokens": 0.0}
+            for micro_index, micro in enumerate(micro_batches):
+                rows = micro.tolist()
+                sync = micro_index == accum - 1
+                with accelerator.autocast(), (accelerator.no_sync(model) if not sync else contextlib.nullcontext()):
+                    logprobs, mask, entropy = completion_logprobs(model, [prompt_ids[i] for i in rows], [completion_ids[i] for i in rows],
+                                                                  pad_id, temperature, with_entropy=True)
+                    mask = mask * keep[rows].to(mask.device)[:, None]
+                    old = _pad([stored[i] for i in rows], logprobs.shape[1]).to(logprobs.device)
+                    ref = None
+                    if ref_model is not None and params.beta > 0:
+                        with torch.no_grad():
+                            ref, _ = completion_logprobs(ref_model, [prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], pad_id, temperature)
+                    loss, metrics = policy_loss(logprobs, old, advantages[rows].to(logprobs.device), mask, loss_type=params.loss_type,
+                                                epsilon=params.epsilon, epsilon_high=params.epsilon_high, ref_logprobs=ref, beta=params.beta,
+                                                max_completion_length=max_new_tokens, num_items=num_items, num_processes=world)
+                    accelerator.backward(loss / accum)
+                micro_tokens = mask.sum().item()
+                metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1)).item()
+                for key in TOKEN_METRICS:
+                    step_sums[key] += metrics[key] * micro_tokens
+                step_sums["loss"] += loss.item() / accum
+                step_sums["tokens"] += micro_tokens
+            grad_norm = accelerator.clip_grad_norm_(model.parameters(), params.max_grad_norm)
             optimizer.step()
-            totals["loss"] += loss.item()
-            totals["grad_norm"] += grad_norm.item()
-            batch_tokens = int(mask.sum().item())
+            scheduler.step()
+            optimizer.zero_grad(set_to_none=True)
+
+            sums["steps"] += 1
+            sums["loss"] += step_sums["loss"]
+            sums["grad_norm"] += float(grad_norm)
+            sums["tokens"] += step_sums["tokens"]
             for key in TOKEN_METRICS:
-                token_sums[key] += metrics[key] * batch_tokens
-            local_tokens += batch_tokens
-            steps += 1
+                sums[key] += step_sums[key]
+            point = _reduce(accelerator, step_sums)
+            history.append({"step": step, "loss": point["loss"], "grad_norm": float(grad_norm), "learning_rate": scheduler.get_last_lr()[0],
+                            **{key: point[key] for key in TOKEN_METRICS}})
             bar.update()
-            bar.set_postfix(loss=f"{loss.item():.4f}", clip=f"{metrics['clip_fraction']:.3f}")
+            bar.set_postfix(loss=f"{point['loss']:.4f}", clip=f"{point['clip_fraction']:.3f}")
+            if state_dir is not None and params.save_steps and step % params.save_steps == 0 and step < total_steps:
+                _save_state(accelerator, state_dir, step, {"step": step, "fingerprint": fingerprint, "history": history}, sums, params.keep_last)
     bar.close()
-    model.eval()
     elapsed = time.perf_counter() - started
-    tokens = local_tokens
-    if world > 1:  # each rank saw its slice; report the whole minibatch (grad_norm is already global)
-        sums = torch.tensor([totals["loss"] / world, *token_sums.values(), float(local_tokens)], dtype=torch.float64)
-        dist.all_reduce(sums)
-        totals["loss"], *values, tokens = sums.tolist()
-        token_sums = dict(zip(TOKEN_METRICS, values))
-    result = {key: value / max(steps, 1) for key, value in totals.items()}
-    result.update({key: value / max(tokens, 1) for key, value in token_sums.items()})
+    model = accelerator.unwrap_model(model)
+    model.eval()
+    if params.gradient_checkpointing:
+        model.gradient_checkpointing_disable()
+
+    total = _reduce(accelerator, sums)
+    result = {key: total[key] for key in TOKEN_METRICS}
     result.update(
-        steps=steps,
-        tokens_per_second=tokens / elapsed if elapsed else 0.0,
+        loss=total["loss"],
+        grad_norm=sums["grad_norm"] / max(sums["steps"], 1),  # already global (DDP all-reduces gradients)
+        steps=step,
+        tokens_per_second=total["tokens_all"] / elapsed if elapsed and step > start_step else 0.0,
+        resumed_from_step=start_step,
         reward_mean=reward.mean().item(),
         reward_std=reward.std().item() if n > 1 else 0.0,
         equal_reward_group_share=equal_reward_group_share(reward, group_size),
+        truncated_share=1.0 - keep.mean().item() if params.mask_truncated_completions else float(sum(rollouts["truncated"].to_pylist()) / n),
+        world_size=world,
+        mixed_precision=accelerator.mixed_precision,
     )
-    return result
+    return model, result, history
+
+
+def _reduce(accelerator, sums: dict) -> dict:
+    """Token-weighted means over all processes: the loss per step (mean of ranks), the rest per token."""
+    keys = ["loss", "tokens", *TOKEN_METRICS]
+    values = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64, device=accelerator.device)
+    if accelerator.num_processes > 1:
+        values = accelerator.reduce(values, reduction="sum")
+    totals = dict(zip(keys, values.tolist()))
+    steps = max(float(sums.get("steps", 1)), 1.0)
+    out = {key: totals[key] / max(totals["tokens"], 1.0) for key in TOKEN_METRICS}
+    out["loss"] = totals["loss"] / accelerator.num_processes / steps
+    out["tokens_all"] = totals["tokens"]
+    return out
+
+
+def _save_state(accelerator, state_dir: Path, step: int, info: dict, sums: dict, keep_last: int) -> None:
+    tmp = state_dir / f".tmp-step-{step:06d}"
+    if accelerator.is_main_process:
+        shutil.rmtree(tmp, ignore_errors=True)
+    accelerator.wait_for_everyone()
+    accelerator.save_state(str(tmp))
+    (tmp / f"sums-rank{accelerator.process_index}.json").write_text(json.dumps(sums))
+    accelerator.wait_for_everyone()
+    if accelerator.is_main_process:
+        commit_state(tmp, state_path(state_dir, step), info, keep_last)
+    accelerator.wait_for_everyone()

@@ -1,4 +1,4 @@
-"""advantages.py: group advantages against a naive loop, and the share of signal-free groups."""
+"""advantages.py: GRPO, RLOO and REINFORCE++ advantages against naive loops, and the share of signal-free groups."""
 
 from __future__ import annotations
 
@@ -8,21 +8,45 @@ import re
 import pytest
 import torch
 
-from rl_assets.advantages import equal_reward_group_share, group_advantages
+from rl_assets.advantages import equal_reward_group_share, group_advantages, reinforce_pp_advantages, rloo_advantages
 
 
-def naive_advantages(rewards: list[float], group_size: int, scale: bool, eps: float = 1e-4) -> list[float]:
+def std(values: list[float]) -> float:
+    mean = sum(values) / len(values)
+    return math.sqrt(sum((v - mean) ** 2 for v in values) / (len(values) - 1))  # unbiased, like torch.std
+
+
+def naive_advantages(rewards: list[float], group_size: int, scale: str, eps: float = 1e-4) -> list[float]:
     out = []
     for start in range(0, len(rewards), group_size):
         group = rewards[start : start + group_size]
         mean = sum(group) / len(group)
-        std = math.sqrt(sum((r - mean) ** 2 for r in group) / (len(group) - 1))  # unbiased, like torch.std
         for r in group:
-            out.append((r - mean) / (std + eps) if scale else r - mean)
+            if scale == "group":
+                out.append((r - mean) / (std(group) + eps))
+            elif scale == "batch":
+                out.append((r - mean) / (std(rewards) + eps))
+            else:
+                out.append(r - mean)
     return out
 
 
-@pytest.mark.parametrize("scale", [True, False])
+def naive_rloo(rewards: list[float], group_size: int) -> list[float]:
+    out = []
+    for i, r in enumerate(rewards):
+        start = i - i % group_size
+        others = [rewards[j] for j in range(start, start + group_size) if j != i]
+        out.append(r - sum(others) / len(others))
+    return out
+
+
+def naive_reinforce_pp(rewards: list[float], group_size: int) -> list[float]:
+    centred = naive_advantages(rewards, group_size, "none")
+    mean = sum(centred) / len(centred)
+    return [(c - mean) / (std(centred) + 1e-8) for c in centred]
+
+
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
 @pytest.mark.parametrize("B,G", [(1, 2), (3, 4), (7, 8), (5, 3)])
 def test_group_advantages_match_a_naive_loop(B, G, scale):
     generator = torch.Generator().manual_seed(B * 100 + G)
@@ -31,7 +55,7 @@ def test_group_advantages_match_a_naive_loop(B, G, scale):
     assert torch.allclose(group_advantages(rewards, G, scale=scale), torch.tensor(expected, dtype=torch.float64), atol=1e-12)
 
 
-@pytest.mark.parametrize("scale", [True, False])
+@pytest.mark.parametrize("scale", ["group", "batch", "none"])
 def test_binary_rewards_match_a_naive_loop(scale):
     rewards = torch.randint(0, 2, (6 * 8,), generator=torch.Generator().manual_seed(0)).double()
     assert torch.allclose(group_advantages(rewards, 8, scale=scale), torch.tensor(naive_advantages(rewards.tolist(), 8, scale), dtype=torch.float64))
@@ -42,13 +66,38 @@ def test_advantages_centre_each_group():
     assert torch.allclose(advantages.sum(dim=1), torch.zeros(5), atol=1e-5)
 
 
-@pytest.mark.parametrize("scale", [True, False])
+@pytest.mark.parametrize("scale", ["group", "none"])
 def test_all_equal_groups_give_zero_not_nan(scale):
     rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.0, 0.0, 1.0, 0.0, 1.0])
     advantages = group_advantages(rewards, 3, scale=scale)
     assert not torch.isnan(advantages).any()
     assert advantages[:6].tolist() == [0.0] * 6
     assert advantages[6] > 0 > advantages[7]
+
+
+@pytest.mark.parametrize("B,G", [(1, 2), (3, 4), (7, 8), (5, 3)])
+def test_rloo_and_reinforce_pp_match_naive_loops(B, G):
+    rewards = torch.randn(B * G, generator=torch.Generator().manual_seed(B + G), dtype=torch.float64) * 2
+    assert torch.allclose(rloo_advantages(rewards, G), torch.tensor(naive_rloo(rewards.tolist(), G), dtype=torch.float64), atol=1e-12)
+    expected = torch.tensor(naive_reinforce_pp(rewards.tolist(), G), dtype=torch.float64)
+    assert torch.allclose(reinforce_pp_advantages(rewards, G), expected, atol=1e-9)
+
+
+def test_rloo_is_the_centred_reward_scaled_by_g_over_g_minus_one():
+    rewards = torch.randn(24, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    assert torch.allclose(rloo_advantages(rewards, 4), group_advantages(rewards, 4, scale="none") * 4 / 3)
+
+
+def test_rloo_needs_two_samples_and_flat_groups_give_zero():
+    with pytest.raises(ValueError, match="RLOO needs at least 2 samples"):
+        rloo_advantages(torch.zeros(4), 1)
+    assert rloo_advantages(torch.ones(6), 3).tolist() == [0.0] * 6
+    assert reinforce_pp_advantages(torch.ones(6), 3).tolist() == [0.0] * 6
+
+
+def test_unknown_scale_is_an_error():
+    with pytest.raises(ValueError, match="scale must be 'group', 'batch' or 'none'"):
+        group_advantages(torch.zeros(4), 2, scale=True)
 
 
 def test_groups_of_one_give_zero_not_nan():

@@ -56,7 +56,7 @@ def test_micro_params_used_by_pipeline_tests_load():
 def test_omitted_sections_take_the_defaults_declared_in_the_models():
     params = parse_params({"raw_data": repo_raw()["raw_data"], "rewards": repo_raw()["rewards"]})
     assert params.train == config.TrainParams()
-    assert params.train.clip_epsilon == 0.2 and params.train.scale_rewards is True
+    assert params.train.epsilon == 0.2 and params.train.scale_rewards == "group"
     assert params.rollouts.samples_per_prompt == config.RolloutsParams.model_fields["samples_per_prompt"].default
 
 
@@ -112,7 +112,12 @@ INVALID = [
     ("wrong type", _set("train/epochs", "two"), "train.epochs: Input should be a valid integer"),
     ("fractional integer", _set("rounds", 2.5), "rounds: Input should be a valid integer"),
     ("section given as a scalar", _set("train", 5), "train: Input should be a valid dictionary"),
-    ("clip_epsilon above range", _set("train/clip_epsilon", 1.5), "train.clip_epsilon: Input should be less than 1"),
+    ("epsilon above range", _set("train/epsilon", 1.5), "train.epsilon: Input should be less than 1"),
+    ("unknown algorithm", _set("train/algorithm", "ppo"), "train.algorithm: Input should be 'grpo', 'rloo', 'reinforce_pp', 'dpo' or 'rft'"),
+    ("unknown loss type", _set("train/loss_type", "token"), "train.loss_type: Input should be 'grpo', 'bnpo', 'dr_grpo' or 'dapo'"),
+    ("accumulation not dividing", _set("train/gradient_accumulation_steps", 3), "train: Value error, minibatch_size=256 must be a multiple of gradient_accumulation_steps=3"),
+    ("dpo weights of another length", _set("train/dpo", {"loss_type": ["sigmoid", "sft"], "loss_weights": [1.0]}), "train.dpo: Value error, loss_weights has 1 entries for 2 loss types"),
+    ("multi-node without rendezvous", _set("compute/nnodes", 2), "compute: Value error, nnodes > 1 needs rdzv_endpoint"),
     ("samples_per_prompt zero", _set("rollouts/samples_per_prompt", 0), "rollouts.samples_per_prompt: Input should be greater than or equal to 1"),
     ("eval_fraction zero", _set("prompts/eval_fraction", 0.0), "prompts.eval_fraction: Input should be greater than 0"),
     ("sft_fraction of one", _set("prompts/sft_fraction", 1.0), "prompts.sft_fraction: Input should be less than 1"),
@@ -221,10 +226,10 @@ def test_unset_variable_without_default_names_the_key_path(tmp_path, monkeypatch
 def test_a_value_that_is_only_a_variable_gets_yaml_typing(monkeypatch):
     monkeypatch.setenv("RL_TEST_CLIP", "0.25")
     monkeypatch.setenv("RL_TEST_LR", "1e-4")
-    raw = _with_value("train/clip_epsilon", "${RL_TEST_CLIP}")
+    raw = _with_value("train/epsilon", "${RL_TEST_CLIP}")
     raw["train"]["learning_rate"] = "${RL_TEST_LR}"
     params = parse_params(raw)
-    assert isinstance(params.train.clip_epsilon, float) and params.train.clip_epsilon == 0.25
+    assert isinstance(params.train.epsilon, float) and params.train.epsilon == 0.25
     assert isinstance(params.train.learning_rate, float) and params.train.learning_rate == pytest.approx(1e-4)
 
 
@@ -313,7 +318,7 @@ def test_apply_override_names_its_source():
 @pytest.mark.parametrize("override,expected", [
     ("train.lerning_rate=1e-3", "params.yaml: train.lerning_rate: unknown key"),
     ("trian.epochs=1", "params.yaml: trian: unknown key"),
-    ("train.clip_epsilon=1.5", "params.yaml: train.clip_epsilon: Input should be less than 1"),
+    ("train.epsilon=1.5", "params.yaml: train.epsilon: Input should be less than 1"),
     ("rollouts.samples_per_prompt=0", "params.yaml: rollouts.samples_per_prompt: Input should be greater than or equal to 1"),
 ])
 def test_overrides_are_validated_like_the_file(override, expected):

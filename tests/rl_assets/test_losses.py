@@ -1,4 +1,4 @@
-"""losses.py: the GRPO loss, its gradients and metrics against a per-sample, per-token Python loop."""
+"""losses.py: the policy loss against a per-token Python loop and against TRL's own GRPO loss."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rl_assets.losses import grpo_loss
+from rl_assets.losses import LOSS_TYPES, policy_loss, token_entropy
 
 
 def random_batch(seed: int, N: int = 6, T: int = 7):
@@ -71,7 +71,7 @@ def test_grpo_loss_and_gradient_match_a_naive_loop(seed, eps, beta):
     assert ((ratio - 1).abs() > eps).any() and ((ratio - 1).abs() <= eps).any()  # both clip regimes exercised
 
     fast_in = logprobs.clone().requires_grad_(True)
-    loss, metrics = grpo_loss(fast_in, old, advantages, mask, clip_epsilon=eps, ref_logprobs=ref if beta else None, beta=beta)
+    loss, metrics = policy_loss(fast_in, old, advantages, mask, epsilon=eps, ref_logprobs=ref if beta else None, beta=beta)
     (fast_grad,) = torch.autograd.grad(loss, fast_in)
 
     slow_in = logprobs.clone().requires_grad_(True)
@@ -82,7 +82,6 @@ def test_grpo_loss_and_gradient_match_a_naive_loop(seed, eps, beta):
     assert torch.allclose(fast_grad, slow_grad, rtol=1e-10, atol=1e-12)
     assert (fast_grad[mask == 0] == 0).all()
     expected_metrics = naive_metrics(logprobs, old, mask, eps, ref, beta, advantages)
-    assert metrics.keys() == expected_metrics.keys()
     for key, value in expected_metrics.items():
         assert metrics[key] == pytest.approx(value, rel=1e-9, abs=1e-12), key
 
@@ -91,7 +90,7 @@ def test_clip_fraction_counts_tokens_where_the_clip_is_active():
     old = torch.zeros(2, 3, dtype=torch.float64)
     logprobs = torch.log(torch.tensor([[1.0, 1.5, 0.5], [1.1, 0.7, 9.0]], dtype=torch.float64))
     mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 1.0, 0.0]], dtype=torch.float64)
-    _, metrics = grpo_loss(logprobs, old, torch.tensor([1.0, -1.0], dtype=torch.float64), mask, clip_epsilon=0.2)
+    _, metrics = policy_loss(logprobs, old, torch.tensor([1.0, -1.0], dtype=torch.float64), mask, epsilon=0.2)
     # 1.5 with A > 0 and 0.7 with A < 0 are clipped; 0.5 with A > 0 is outside the range but its
     # unclipped term is the minimum (TRL's definition); 9.0 is padding
     assert metrics["clip_fraction"] == pytest.approx(2 / 5)
@@ -100,7 +99,7 @@ def test_clip_fraction_counts_tokens_where_the_clip_is_active():
 def test_at_ratio_one_the_loss_is_minus_the_mean_advantage():
     logprobs, _, advantages, mask, _ = random_batch(5)
     leaf = logprobs.clone().requires_grad_(True)
-    loss, metrics = grpo_loss(leaf, logprobs, advantages, mask)
+    loss, metrics = policy_loss(leaf, logprobs, advantages, mask)
     loss.backward()
     assert loss.item() == pytest.approx(-advantages.mean().item())
     expected_grad = -advantages[:, None] * mask / mask.sum(dim=1, keepdim=True) / len(advantages)
@@ -111,28 +110,141 @@ def test_at_ratio_one_the_loss_is_minus_the_mean_advantage():
 def test_padding_values_do_not_change_the_loss():
     logprobs, old, advantages, mask, ref = random_batch(7)
     noisy = logprobs + (1 - mask) * 123.0
-    first, _ = grpo_loss(logprobs, old, advantages, mask, ref_logprobs=ref, beta=0.1)
-    second, _ = grpo_loss(noisy, old, advantages, mask, ref_logprobs=ref, beta=0.1)
+    first, _ = policy_loss(logprobs, old, advantages, mask, ref_logprobs=ref, beta=0.1)
+    second, _ = policy_loss(noisy, old, advantages, mask, ref_logprobs=ref, beta=0.1)
     assert first.item() == pytest.approx(second.item(), rel=1e-12)
 
 
 def test_beta_without_reference_raises():
     logprobs, old, advantages, mask, _ = random_batch(0)
     with pytest.raises(ValueError, match="beta > 0 needs ref_logprobs"):
-        grpo_loss(logprobs, old, advantages, mask, beta=0.1)
+        policy_loss(logprobs, old, advantages, mask, beta=0.1)
 
 
 def test_reference_is_ignored_when_beta_is_zero():
     logprobs, old, advantages, mask, ref = random_batch(1)
-    with_ref, metrics = grpo_loss(logprobs, old, advantages, mask, ref_logprobs=ref, beta=0.0)
-    without, _ = grpo_loss(logprobs, old, advantages, mask)
+    with_ref, metrics = policy_loss(logprobs, old, advantages, mask, ref_logprobs=ref, beta=0.0)
+    without, _ = policy_loss(logprobs, old, advantages, mask)
     assert with_ref.item() == without.item() and metrics["kl_ref"] == 0.0
 
 
 def test_k3_penalty_is_zero_at_the_reference_and_positive_elsewhere():
     logprobs, old, advantages, mask, ref = random_batch(2)
-    base, _ = grpo_loss(logprobs, old, advantages, mask)
-    same, metrics_same = grpo_loss(logprobs, old, advantages, mask, ref_logprobs=logprobs.clone(), beta=1.0)
-    other, metrics_other = grpo_loss(logprobs, old, advantages, mask, ref_logprobs=ref, beta=1.0)
+    base, _ = policy_loss(logprobs, old, advantages, mask)
+    same, metrics_same = policy_loss(logprobs, old, advantages, mask, ref_logprobs=logprobs.clone(), beta=1.0)
+    other, metrics_other = policy_loss(logprobs, old, advantages, mask, ref_logprobs=ref, beta=1.0)
     assert same.item() == pytest.approx(base.item()) and metrics_same["kl_ref"] == 0.0
     assert other.item() > base.item() and metrics_other["kl_ref"] > 0
+
+
+# --- against TRL: its GRPOTrainer._compute_loss, run unbound on a stand-in trainer that hands it our tensors.
+
+
+class _Accelerator:
+    num_processes = 1
+    sync_gradients = True
+
+    @staticmethod
+    def gather(x):
+        return x
+
+    gather_for_metrics = gather
+
+    @staticmethod
+    def reduce(x, reduction="sum"):
+        return x
+
+
+def trl_loss(loss_type, logprobs, old, advantages, mask, epsilon, epsilon_high, ref=None, beta=0.0, num_items=None):
+    """TRL's own GRPO loss on these tensors (float64), through the trainer method itself."""
+    from collections import defaultdict
+    from types import SimpleNamespace
+
+    from trl import GRPOTrainer
+
+    N, T = logprobs.shape
+    stand_in = SimpleNamespace(
+        top_entropy_quantile=1.0, off_policy_mask_threshold=None, importance_sampling_level="token", beta=beta,
+        loss_type=loss_type, epsilon_low=epsilon, epsilon_high=epsilon_high, use_vllm=False, max_completion_length=T,
+        model=SimpleNamespace(training=True), current_gradient_accumulation_steps=1, accelerator=_Accelerator(),
+        args=SimpleNamespace(use_bias_correction_kl=False, delta=None, steps_per_generation=1),
+        _entropy_bonus_enabled=False, aux_loss_enabled=False, _metrics={"train": defaultdict(list)},
+        _get_per_token_logps_and_entropies=lambda *args, **kwargs: (logprobs, torch.zeros_like(logprobs), None),
+    )
+    inputs = {
+        "prompt_ids": torch.zeros(N, 1, dtype=torch.long), "prompt_mask": torch.ones(N, 1, dtype=torch.long),
+        "completion_ids": torch.zeros(N, T, dtype=torch.long), "completion_mask": mask,
+        "advantages": advantages, "old_per_token_logps": old,
+        "num_items_in_batch": torch.tensor(mask.sum().item() if num_items is None else num_items, dtype=torch.float64),
+    }
+    if beta:
+        inputs["ref_per_token_logps"] = ref
+    loss = GRPOTrainer._compute_loss(stand_in, None, inputs)
+    return loss, stand_in._metrics["train"]
+
+
+TRL_CASES = [(loss_type, seed, eps, eps_high, beta) for loss_type in LOSS_TYPES for seed in (0, 1)
+             for eps, eps_high, beta in [(0.2, 0.2, 0.0), (0.2, 0.28, 0.04), (0.1, 0.3, 0.0)]]
+
+
+@pytest.mark.parametrize("loss_type,seed,eps,eps_high,beta", TRL_CASES)
+def test_loss_and_gradient_match_trl_grpo(loss_type, seed, eps, eps_high, beta):
+    logprobs, old, advantages, mask, ref = random_batch(seed)
+    ours_in = logprobs.clone().requires_grad_(True)
+    ours, metrics = policy_loss(ours_in, old, advantages, mask, loss_type=loss_type, epsilon=eps, epsilon_high=eps_high,
+                                ref_logprobs=ref, beta=beta, max_completion_length=logprobs.shape[1], num_items=mask.sum().item())
+    (our_grad,) = torch.autograd.grad(ours, ours_in)
+
+    trl_in = logprobs.clone().requires_grad_(True)
+    theirs, trl_metrics = trl_loss(loss_type, trl_in, old, advantages, mask, eps, eps_high, ref, beta)
+    (trl_grad,) = torch.autograd.grad(theirs, trl_in)
+
+    assert ours.dtype == torch.float64
+    assert abs(ours.item() - theirs.item()) < 1e-6
+    assert torch.allclose(our_grad, trl_grad, rtol=0, atol=1e-6)
+    assert our_grad.abs().sum() > 0  # the comparison is not between two zeros
+    assert metrics["clip_low"] == pytest.approx(trl_metrics["clip_ratio/low_mean"][0], abs=1e-9)
+    assert metrics["clip_high"] == pytest.approx(trl_metrics["clip_ratio/high_mean"][0], abs=1e-9)
+    assert metrics["clip_fraction"] == pytest.approx(trl_metrics["clip_ratio/region_mean"][0], abs=1e-9)
+    if beta:
+        assert metrics["kl_ref"] == pytest.approx(trl_metrics["kl"][0], abs=1e-9)
+
+
+def test_loss_types_really_differ_on_ragged_lengths():
+    logprobs, old, advantages, mask, _ = random_batch(3)
+    values = {t: policy_loss(logprobs, old, advantages, mask, loss_type=t, max_completion_length=7)[0].item() for t in LOSS_TYPES}
+    assert len({round(values[t], 9) for t in ("grpo", "bnpo", "dr_grpo")}) == 3
+    assert values["dapo"] == pytest.approx(values["bnpo"], rel=1e-12)  # one process: both are the batch token mean
+
+
+def test_dapo_over_two_processes_sums_to_the_one_process_loss():
+    """DDP averages gradients, so dapo's per-rank normaliser is the global token count over the world size."""
+    logprobs, old, advantages, mask, _ = random_batch(4)
+    whole, _ = policy_loss(logprobs, old, advantages, mask, loss_type="dapo")
+    total = mask.sum().item()
+    halves = [policy_loss(logprobs[s], old[s], advantages[s], mask[s], loss_type="dapo", num_items=total, num_processes=2)[0]
+              for s in (slice(0, 3), slice(3, 6))]
+    assert (halves[0] + halves[1]).item() / 2 == pytest.approx(whole.item(), rel=1e-12)
+
+
+def test_epsilon_high_only_widens_the_upper_clip():
+    old = torch.zeros(1, 2, dtype=torch.float64)
+    logprobs = torch.log(torch.tensor([[1.25, 0.75]], dtype=torch.float64))
+    mask = torch.ones(1, 2, dtype=torch.float64)
+    _, symmetric = policy_loss(logprobs, old, torch.tensor([1.0], dtype=torch.float64), mask, epsilon=0.2)
+    _, wider = policy_loss(logprobs, old, torch.tensor([1.0], dtype=torch.float64), mask, epsilon=0.2, epsilon_high=0.3)
+    assert symmetric["clip_high"] == 0.5 and wider["clip_high"] == 0.0
+
+
+def test_unknown_loss_type_and_missing_length_are_errors():
+    logprobs, old, advantages, mask, _ = random_batch(0)
+    with pytest.raises(ValueError, match="loss_type must be one of"):
+        policy_loss(logprobs, old, advantages, mask, loss_type="ppo")
+    with pytest.raises(ValueError, match="dr_grpo' needs max_completion_length"):
+        policy_loss(logprobs, old, advantages, mask, loss_type="dr_grpo")
+
+
+def test_token_entropy_matches_a_loop():
+    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
+    expected = [[-sum(p * math.log(p) for p in torch.softmax(logits[i, t], -1).tolist()) for t in range(3)] for i in range(2)]
+    assert torch.allclose(token_entropy(logits), torch.tensor(expected, dtype=torch.float64))

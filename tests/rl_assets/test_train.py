@@ -49,7 +49,7 @@ def test_join_rewards_names_a_missing_key():
 
 
 TEMPERATURE = 1.0
-TRAIN = TrainParams(learning_rate=1e-2, epochs=1, minibatch_size=4, clip_epsilon=0.2, max_grad_norm=1.0)
+TRAIN = TrainParams(learning_rate=1e-2, epochs=1, minibatch_size=4, epsilon=0.2, max_grad_norm=1.0)
 
 
 @pytest.fixture(scope="module")
@@ -74,8 +74,8 @@ def sequence_logprob(model, rollouts: pa.Table, row: int) -> float:
 def train(rollouts, totals, params=TRAIN, ref_model=None):
     model = new_tiny_model(0)  # the policy that sampled the rollouts
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    metrics = train_on_rollouts(model, rollouts, rewards_for(rollouts, totals), params, group_size=2, temperature=TEMPERATURE,
-                                pad_id=0, seed=0, ref_model=ref_model, progress=False)
+    model, metrics, _ = train_on_rollouts(model, rollouts, rewards_for(rollouts, totals), params, group_size=2, temperature=TEMPERATURE,
+                                          pad_id=0, seed=0, max_new_tokens=4, ref_model=ref_model, progress=False)
     return model, before, metrics
 
 

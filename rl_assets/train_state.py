@@ -1,0 +1,78 @@
+"""Resumable training inside a round: save the full state every `save_steps`, resume only a matching one.
+
+A state folder `data/rNN/train_state/step-000040/` holds what `Accelerator.save_state` writes (model,
+optimizer, scheduler, every process's RNG) plus `trainer_state.json` with the step and a fingerprint
+of everything that decides the result: the train params, the input tables' hashes, the parent
+checkpoint, the world size and the seed. A rerun after a crash continues from the newest state whose
+fingerprint matches; one that does not match is refused with the differences, never mixed in.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+STATE_FILE = "trainer_state.json"
+# Settings that change how often or whether we save, not what is computed.
+NOT_FINGERPRINTED = ("save_steps", "keep_last", "resume")
+
+
+class TrainStateMismatch(RuntimeError):
+    """A saved training state that belongs to another run configuration."""
+
+
+def fingerprint(train: dict, *, inputs: dict[str, str], parent: str, world_size: int, seed: int) -> dict:
+    """What must be equal for a saved state to be continued.
+
+    >>> fingerprint({"learning_rate": 1e-4, "save_steps": 5}, inputs={"rollouts": "ab"}, parent="p", world_size=1, seed=0)["train"]
+    {'learning_rate': 0.0001}
+    """
+    return {"train": {k: v for k, v in train.items() if k not in NOT_FINGERPRINTED}, "inputs": inputs, "parent": parent,
+            "world_size": world_size, "seed": seed}
+
+
+def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(set(saved) | set(current)):
+        a, b = saved.get(key), current.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            out += _differences(a, b, f"{prefix}{key}.")
+        elif a != b:
+            out.append(f"{prefix}{key}: saved {a!r}, now {b!r}")
+    return out
+
+
+def saved_states(state_dir: Path) -> list[Path]:
+    """Complete state folders, oldest first (a folder without its json was cut off mid-save)."""
+    if not state_dir.is_dir():
+        return []
+    return sorted(p for p in state_dir.glob("step-*") if (p / STATE_FILE).is_file())
+
+
+def latest_state(state_dir: Path, current: dict) -> tuple[Path, dict] | None:
+    """The newest complete state and its json, or None; raises TrainStateMismatch when it is another run's."""
+    states = saved_states(state_dir)
+    if not states:
+        return None
+    info = json.loads((states[-1] / STATE_FILE).read_text())
+    differences = _differences(info["fingerprint"], current)
+    if differences:
+        raise TrainStateMismatch(
+            f"{states[-1]}: saved training state is from another configuration, refusing to continue it:\n  "
+            + "\n  ".join(differences) + f"\nDelete {state_dir} or rerun with --set train.resume=false to start this round over.")
+    return states[-1], info
+
+
+def state_path(state_dir: Path, step: int) -> Path:
+    return state_dir / f"step-{step:06d}"
+
+
+def commit_state(tmp: Path, final: Path, info: dict, keep_last: int) -> None:
+    """Make a fully written state visible (json last, then rename) and prune older ones to `keep_last`."""
+    (tmp / STATE_FILE).write_text(json.dumps(info, indent=2, sort_keys=True) + "\n")
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in saved_states(final.parent)[:-keep_last]:
+        shutil.rmtree(old, ignore_errors=True)
