@@ -3,6 +3,7 @@
     python -m pipelines run [--set section.key=value ...]   every asset, one Dagster run
     python -m pipelines materialize r01/rollouts            one asset (each DVC stage's command)
     python -m pipelines dvc-sync [--check]                  write (or check) dvc.yaml from the graph
+    python -m pipelines status                              JSON health summary; exit 1 when the latest run failed
 """
 
 import argparse
@@ -39,6 +40,33 @@ def execute(selection: list[str] | None) -> bool:
         return result.success
 
 
+def latest_run() -> dict | None:
+    """The latest rl_pipeline run on the project instance: status, times, and the checks that failed in it."""
+    from dagster import DagsterEventType, DagsterInstance, RunsFilter
+
+    with DagsterInstance.get() as instance:
+        records = instance.get_run_records(RunsFilter(job_name="rl_pipeline"), limit=1)
+        if not records:
+            return None
+        record = records[0]
+        checks = [e.dagster_event.event_specific_data for e in instance.all_logs(record.dagster_run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)]
+        return {"run_id": record.dagster_run.run_id, "status": record.dagster_run.status.value,
+                "started": record.start_time, "ended": record.end_time,
+                "failed_checks": [f"{c.asset_key.to_user_string()}:{c.check_name}" for c in checks if not c.passed]}
+
+
+def print_status() -> int:
+    import json
+
+    from pipelines.steps import load_project_params
+    from rl_assets.status import project_status
+
+    run = latest_run()
+    healthy = run is None or run["status"] not in ("FAILURE", "CANCELED")
+    print(json.dumps({"healthy": healthy, "latest_run": run, **project_status(Path("."), load_project_params())}, indent=2, default=str))
+    return 0 if healthy else 1
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.split("\n\n")[0])
     commands = parser.add_subparsers(dest="command", required=True)
@@ -48,6 +76,7 @@ def main(argv=None) -> int:
     one.add_argument("keys", nargs="+")
     sync = commands.add_parser("dvc-sync", help="write dvc.yaml from the asset graph")
     sync.add_argument("--check", action="store_true", help="exit 1 if dvc.yaml differs from the generated file")
+    commands.add_parser("status", help="JSON health summary: latest rl_pipeline run, current round, last metrics, promoted model")
     args = parser.parse_args(argv)
 
     if getattr(args, "overrides", None):
@@ -76,6 +105,8 @@ def main(argv=None) -> int:
         return 0
 
     use_project_instance()
+    if args.command == "status":
+        return print_status()
     started = time.perf_counter()
     ok = execute(args.keys if args.command == "materialize" else None)
     if args.command == "run":

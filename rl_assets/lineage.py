@@ -99,3 +99,27 @@ def format_trace(steps: list[dict]) -> str:
         else:
             lines.append(f"{step['path']}  md5={step['hash'][:12]}  [{step['status']}]")
     return "\n".join(lines)
+
+
+# View name -> files it reads; union_by_name because rounds may score with different reward functions.
+TABLE_VIEWS = {
+    "raw_data": "read_parquet('{data}/raw_data.parquet')",
+    "prompts": "read_parquet('{data}/prompts.parquet')",
+    "rollouts": "read_parquet('{data}/r*/rollouts.parquet', union_by_name=true)",
+    "rewards": "read_parquet('{data}/r*/rewards.parquet', union_by_name=true)",
+    "evaluation": "read_parquet('{data}/evaluation.parquet')",
+    "checkpoints": "read_json_auto('{data}/r*/checkpoint/lineage.json', union_by_name=true, filename=true)",
+    "promotions": "read_json_auto('{models}/history.jsonl')",
+}
+
+
+def connect_tables(root: Path = Path("."), models: str = "models") -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per table that exists on disk (`select * from rewards`)."""
+    connection = duckdb.connect()
+    for name, source in TABLE_VIEWS.items():
+        relation = source.format(data=(root / "data").as_posix(), models=(root / models).as_posix())
+        try:
+            connection.execute(f"create view {name} as select * from {relation}")
+        except duckdb.Error:
+            continue  # no such files yet (e.g. before the first round); read_parquet still works for anything else
+    return connection

@@ -1,0 +1,56 @@
+"""What the project's files say about its state, as plain JSON: for `rl-assets status`, scripts and probes.
+
+The Dagster half (the latest run and its failed checks) is added by `python -m pipelines status`,
+since this library never imports Dagster.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rl_assets.checkpoints import read_lineage
+from rl_assets.config import Params
+from rl_assets.paths import DATA, output_path
+from rl_assets.promotion import history, models_dir, read_card
+
+
+def checkpoint_rounds(root: Path) -> list[int]:
+    """Rounds with a finished checkpoint folder (one with a lineage card), ascending."""
+    found = (re.fullmatch(r"r(\d\d)", p.parent.parent.name) for p in (root / DATA).glob("r*/checkpoint/lineage.json"))
+    return sorted(int(m.group(1)) for m in found if m)
+
+
+def _evaluation(root: Path) -> dict | None:
+    from rl_assets.schemas import read_table
+
+    path = output_path("evaluation", root)
+    if not path.is_file():
+        return None
+    accuracy: dict[str, dict] = {}
+    for row in read_table(path, "evaluation").to_pylist():
+        accuracy.setdefault(row["checkpoint"], {})[row["mode"]] = round(row["accuracy"], 4)
+    return {"path": str(path.relative_to(root)), "accuracy": accuracy}
+
+
+def project_status(root: Path, params: Params) -> dict:
+    """Current round, last checkpoint and its metrics, the evaluation, and the promoted model."""
+    rounds = checkpoint_rounds(root)
+    latest = None
+    if rounds:
+        card = read_lineage(output_path(f"r{rounds[-1]:02d}/checkpoint", root))
+        latest = {"checkpoint": f"r{rounds[-1]:02d}/checkpoint", "checkpoint_id": card["checkpoint_id"], "algorithm": card.get("algorithm"),
+                  "metrics": card.get("metrics", {})}
+    models = models_dir(params.promotion, root)
+    card = read_card(models / "promoted")
+    promoted = None
+    if card:
+        promoted = {key: card.get(key) for key in ("checkpoint_id", "source", "promoted_at", "previous")}
+        promoted.update(sampled_accuracy=card["evaluation"]["sampled"], history_events=len(history(models)))
+    return {"rounds_configured": params.rounds, "current_round": rounds[-1] if rounds else None, "latest_checkpoint": latest,
+            "evaluation": _evaluation(root), "promoted_model": promoted}
+
+
+def format_status(status: dict) -> str:
+    return json.dumps(status, indent=2, sort_keys=True, default=str)
