@@ -29,6 +29,17 @@ class ComputeParams(Section):
     nproc: int = Field(1, ge=1, le=1024, description="Processes per compute step; torchrun is used when > 1.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where compute steps run; auto picks cuda when present.")
     gpus_per_step: int = Field(0, ge=0, description="GPUs a compute step asks the executor for (op tags and k8s requests).")
+    nnodes: int = Field(1, ge=1, description="Machines per training step; > 1 uses torchrun's c10d rendezvous at rdzv_endpoint.")
+    rdzv_endpoint: str = Field("", description="host:port of the rendezvous for multi-node training (e.g. a k8s headless service).")
+    accelerate_config: str = Field("", description="An Accelerate config file (DeepSpeed, FSDP, ...): steps then launch with `accelerate launch`.")
+    gpu_memory_fraction: float = Field(1.0, gt=0, le=1, description="Cap on the share of each GPU's memory a step may allocate.")
+    executor: Literal["multiprocess", "k8s"] = Field("multiprocess", description="Dagster executor: local processes, or one pod per step (dagster-k8s).")
+
+    @model_validator(mode="after")
+    def _check_nodes(self):
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("nnodes > 1 needs rdzv_endpoint (host:port every node can reach)")
+        return self
 
 
 class TinyModelParams(Section):
@@ -111,15 +122,68 @@ class RewardsParams(Section):
         return self
 
 
+class LoraParams(Section):
+    enabled: bool = Field(False, description="Train LoRA adapters (PEFT) instead of all weights.")
+    r: int = Field(16, ge=1, description="Adapter rank.")
+    alpha: int = Field(32, ge=1, description="Adapter scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the adapter input.")
+    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="Modules that get adapters.")
+    merge: bool = Field(False, description="Save each round's checkpoint with adapters merged into full weights; "
+                                           "off saves only the adapters (loading needs peft and the r00 folder).")
+
+
+class DPOParams(Section):
+    beta: float = Field(0.1, gt=0, description="DPO temperature: strength of the implicit KL to the parent checkpoint.")
+    loss_type: list[str] = Field(default_factory=lambda: ["sigmoid"], min_length=1, description="TRL DPO loss terms, e.g. [sigmoid, sft].")
+    loss_weights: list[float] | None = Field(None, description="One weight per loss_type entry; None weighs them equally.")
+    min_margin: float = Field(0.5, ge=0, description="A pair needs best - worst reward >= this (and > 0).")
+    batch_size: int = Field(16, ge=1, description="Preference pairs per optimizer step (per process).")
+
+    @model_validator(mode="after")
+    def _check_weights(self):
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(f"loss_weights has {len(self.loss_weights)} entries for {len(self.loss_type)} loss types")
+        return self
+
+
+class RFTParams(Section):
+    top_k: int = Field(1, ge=1, description="Best completions kept per prompt (expert iteration).")
+    min_reward: float = Field(1.0, description="Completions below this total reward are never kept.")
+    batch_size: int = Field(32, ge=1, description="Examples per optimizer step (per process).")
+
+
 class TrainParams(Section):
-    algorithm: Literal["grpo"] = Field("grpo", description="Policy-gradient method on the stored rollout table.")
-    learning_rate: float = Field(1e-4, gt=0, description="AdamW learning rate.")
-    epochs: int = Field(2, ge=1, description="Passes over the round's rollout table.")
+    algorithm: Literal["grpo", "rloo", "reinforce_pp", "dpo", "rft"] = Field(
+        "grpo", description="grpo/rloo/reinforce_pp: policy gradient on the stored table; dpo: TRL DPOTrainer on best-vs-worst "
+                            "pairs; rft: TRL SFTTrainer on the top-k completions (rejection-sampling fine-tuning).")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field("grpo", description="Token aggregation of the policy-gradient loss (TRL's names).")
+    learning_rate: float = Field(1e-4, gt=0, description="AdamW peak learning rate.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Learning-rate schedule within a round, after warmup.")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of a round's optimizer steps spent warming up linearly.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    epochs: int = Field(2, ge=1, description="Passes over the round's rollout table (or pairs / kept completions).")
     minibatch_size: int = Field(128, ge=1, description="Completions per optimizer step (global, across processes).")
-    clip_epsilon: float = Field(0.2, gt=0, lt=1, description="PPO clip range of the importance ratio.")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches each process splits its share of a minibatch into.")
+    epsilon: float = Field(0.2, gt=0, lt=1, description="Lower clip: the importance ratio is clipped to [1 - epsilon, 1 + epsilon_high].")
+    epsilon_high: float | None = Field(None, gt=0, description="Upper clip (DAPO's clip-higher, e.g. 0.28); None means epsilon.")
     beta: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference (r00) policy; 0 turns it off.")
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="GRPO's std scaling of advantages; none is Dr. GRPO.")
+    mask_truncated_completions: bool = Field(False, description="Leave completions that hit max_new_tokens out of the loss (DAPO).")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    scale_rewards: bool = Field(True, description="Divide group-centred rewards by the group std (GRPO); off is Dr. GRPO.")
+    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", description="auto: bf16 where the GPU supports it, else fp16 with loss scaling; fp32 on CPU.")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
+    save_steps: int = Field(0, ge=0, description="Save the full training state every this many optimizer steps (0: never); a rerun resumes.")
+    keep_last: int = Field(2, ge=1, description="Intermediate training states kept per round; older ones are deleted.")
+    resume: bool = Field(True, description="Resume from a saved state of the same round; false discards it and starts over.")
+    lora: LoraParams = Field(default_factory=LoraParams)
+    dpo: DPOParams = Field(default_factory=DPOParams)
+    rft: RFTParams = Field(default_factory=RFTParams)
+
+    @model_validator(mode="after")
+    def _check_batches(self):
+        if self.minibatch_size % self.gradient_accumulation_steps:
+            raise ValueError(f"minibatch_size={self.minibatch_size} must be a multiple of gradient_accumulation_steps={self.gradient_accumulation_steps}")
+        return self
 
 
 class EvaluationParams(Section):
