@@ -11,10 +11,10 @@ import json
 import os
 import re
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, field_validator, model_validator
 
 
 class ParamsError(ValueError):
@@ -108,6 +108,32 @@ class RolloutsParams(Section):
 class RewardFunctionParams(Section):
     name: str = Field(min_length=1, description="A function in rl_assets.rewards, or 'module:function' from your code.")
     weight: float = Field(1.0, description="Weight in the total reward.")
+    options: dict[str, Any] = Field(default_factory=dict, validate_default=True, description="Keyword arguments of the function, checked against its signature.")
+    column: str | None = Field(None, pattern=r"^\w+$", description="Score column (score_<column>); defaults to the function's name.")
+
+    # Checked at load time (importable, callable, known options) so a typo fails before any compute.
+    # rl_assets.rewards imports this module, hence the imports inside; neither imports torch.
+    @field_validator("name")
+    @classmethod
+    def _loadable(cls, name: str) -> str:
+        from rl_assets.rewards import load_reward_function
+
+        load_reward_function(name)
+        return name
+
+    @field_validator("options")
+    @classmethod
+    def _known_options(cls, options: dict, info: ValidationInfo) -> dict:
+        from rl_assets.rewards import check_options, load_reward_function
+
+        if "name" in info.data:  # else the name already failed, with its own error
+            check_options(info.data["name"], load_reward_function(info.data["name"]), options)
+        return options
+
+    @property
+    def score_name(self) -> str:
+        """The function's score column is `score_<score_name>`."""
+        return self.column or self.name.rpartition(":")[2]
 
 
 class RewardsParams(Section):
@@ -115,11 +141,21 @@ class RewardsParams(Section):
 
     @model_validator(mode="after")
     def _unique_columns(self):
-        columns = [f.name.rpartition(":")[2] for f in self.functions]
+        columns = [f.score_name for f in self.functions]
         repeated = sorted({c for c in columns if columns.count(c) > 1})
         if repeated:
-            raise ValueError(f"reward functions must have distinct names (one score column each); repeated: {repeated}")
+            raise ValueError(f"reward functions must have distinct names (one score column each; set `column` to tell them apart); repeated: {repeated}")
         return self
+
+
+class RewardModelParams(Section):
+    preference_data: str = Field(min_length=1, description="JSONL of preference pairs: chosen, rejected and optionally prompt per line.")
+    name_or_path: str = Field("tiny", min_length=1, description="Base model: 'tiny' (the embedded model with a score head), a local HF folder or a hub id.")
+    tiny: TinyModelParams = Field(default_factory=TinyModelParams, description="Shape of the embedded model when name_or_path is 'tiny'.")
+    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate of TRL's RewardTrainer.")
+    max_steps: int = Field(100, ge=1, description="Optimizer steps.")
+    batch_size: int = Field(16, ge=1, description="Preference pairs per optimizer step.")
+    max_length: int = Field(256, ge=8, description="Pairs whose prompt + response is longer (in tokens) are dropped.")
 
 
 class LoraParams(Section):
@@ -222,6 +258,7 @@ class Params(Section):
     sft: SFTParams = Field(default_factory=SFTParams)
     rollouts: RolloutsParams = Field(default_factory=RolloutsParams)
     rewards: RewardsParams
+    reward_model: RewardModelParams | None = Field(None, description="Train the reward_model asset from preference pairs (off when absent).")
     train: TrainParams = Field(default_factory=TrainParams)
     evaluation: EvaluationParams = Field(default_factory=EvaluationParams)
     guards: GuardsParams = Field(default_factory=GuardsParams)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import re
 import sys
 import textwrap
 
@@ -219,3 +220,101 @@ def test_summarize_rewards_mixed_groups_and_all_none_scores():
     assert summary["equal_reward_group_share"] == pytest.approx(2 / 3)
     assert summary["reward_mean"] == pytest.approx(1.0)
     assert math.isnan(summary["mean_score_f"])
+
+
+# --- options, load-time validation, extra columns ------------------------------------------------
+
+
+def test_options_are_bound_and_enter_the_config_hash():
+    params = RewardsParams(functions=[{"name": "format_regex", "options": {"pattern": "[0-9]+"}},
+                                      {"name": "format_regex", "column": "has_apples", "options": {"pattern": "apples", "search": True},
+                                       "weight": 0.5}])
+    table = score_rollouts(small_rollouts(), params, "h")
+    assert table["score_format_regex"].to_pylist() == [1.0, 0.0, 1.0, 0.0]
+    assert table["score_has_apples"].to_pylist() == [0.0, 1.0, 0.0, 0.0]
+    assert table["reward"].to_pylist() == [1.0, 0.5, 1.0, 0.0]
+    other = RewardsParams(functions=[{"name": "format_regex", "options": {"pattern": "[0-9]*"}},
+                                     params.functions[1].model_dump()])
+    assert reward_config_hash(params) != reward_config_hash(other)
+
+
+@pytest.mark.parametrize("functions,message", [
+    ([{"name": "nope"}], "rewards.functions[0].name: Value error, rewards.functions: unknown reward 'nope'"),
+    ([{"name": "arithmetic_answer"}, {"name": "no_such_module_xyz:f"}], "rewards.functions[1].name: Value error, rewards.functions: cannot load"),
+    ([{"name": "format_regex"}], "rewards.functions[0].options: Value error, reward 'format_regex' needs option 'pattern'"),
+    ([{"name": "length_penalty", "options": {"target": 1, "max_length": 4, "units": "chars"}}],
+     "rewards.functions[0].options: Value error, reward 'length_penalty' has no option 'units'"),
+    ([{"name": "math_answer", "options": {"completions": []}}], "reward 'math_answer' has no option 'completions'"),
+    ([{"name": "format_regex", "options": {"pattern": "a"}}, {"name": "format_regex", "options": {"pattern": "b"}}],
+     "repeated: ['format_regex']"),
+    ([{"name": "math_answer", "column": "bad name"}], "rewards.functions[0].column: String should match pattern"),
+])
+def test_params_refuse_unloadable_functions_and_bad_options(functions, message):
+    from rl_assets.config import ParamsError, parse_params
+
+    raw = {"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "rewards": {"functions": functions}}
+    with pytest.raises(ParamsError) as caught:
+        parse_params(raw)
+    assert message in str(caught.value)
+
+
+def test_params_load_a_user_function_and_its_options(user_module, tmp_path):
+    from rl_assets.config import ParamsError, parse_params
+
+    raw = {"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]},
+           "rewards": {"functions": [{"name": f"{USER_MODULE}:length_bonus"}]}}
+    assert parse_params(raw).rewards.functions[0].score_name == "length_bonus"
+    raw["rewards"]["functions"][0]["options"] = {"scale": 2}
+    with pytest.raises(ParamsError, match=rf"reward '{USER_MODULE}:length_bonus' has no option 'scale'"):
+        parse_params(raw)
+
+
+def test_params_loading_does_not_import_torch():
+    import subprocess
+
+    code = ("import sys; from rl_assets.config import parse_params; "
+            "parse_params({'raw_data': {'sources': [{'kind': 'jsonl', 'path': 'x'}]}, 'rewards': {'functions': ["
+            "{'name': 'reward_model', 'options': {'path': 'data/reward_model'}}, {'name': 'code_execution'}]}}); "
+            "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'trl'}))")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"
+
+
+def test_extra_column_keys_become_keyword_arguments(user_module):
+    rows = [{"prompt_id": "p1", "sample_idx": 0, "completion": "def f(): return 1", "extra": '{"tests": ["assert f() == 1"], "lang": "py"}'},
+            {"prompt_id": "p1", "sample_idx": 1, "completion": "def f(): return 2", "extra": '{"tests": ["assert f() == 1"]}'},
+            {"prompt_id": "p2", "sample_idx": 0, "completion": "4", "extra": None},
+            {"prompt_id": "p2", "sample_idx": 1, "completion": "4", "extra": '{"answer": "shadowed"}'}]
+    table = rollouts_table(rows)
+    from rl_assets.rewards import reward_kwargs
+
+    kwargs = reward_kwargs(table)
+    assert kwargs["tests"] == [["assert f() == 1"], ["assert f() == 1"], None, None]
+    assert kwargs["lang"] == ["py", None, None, None]
+    assert kwargs["answer"] == ["2", "2", "2", "2"]  # a column always wins over an extra key
+    scored = score_rollouts(table, RewardsParams(functions=[{"name": "code_execution"}]), "h")
+    assert scored["score_code_execution"].to_pylist() == [1.0, 0.0, None, None]
+
+
+def test_extra_that_is_not_an_object_names_the_rollout():
+    table = rollouts_table([{"prompt_id": "p9", "sample_idx": 3, "extra": "[1, 2]"}])
+    with pytest.raises(ValueError, match=r"rollout prompt_id=p9 sample_idx=3: `extra` is not a JSON object"):
+        score_rollouts(table, rewards_params(("arithmetic_answer", 1.0)), "h")
+
+
+@pytest.mark.parametrize("returned,message", [
+    ("'1.0'", "returned '1.0', not a number, for rollout prompt_id=p1 sample_idx=0"),
+    ("[1.0]", "returned [1.0], not a number, for rollout prompt_id=p1 sample_idx=0"),
+])
+def test_non_numeric_scores_name_function_and_rollout(tmp_path, monkeypatch, returned, message):
+    (tmp_path / "rl_assets_test_bad_scores.py").write_text(f"def bad(completions, **kwargs):\n    return [{returned}] * len(completions)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    with pytest.raises(ValueError, match=re.escape(f"reward 'rl_assets_test_bad_scores:bad' {message}")):
+        score_rollouts(small_rollouts(), rewards_params(("rl_assets_test_bad_scores:bad", 1.0)), "h")
+    sys.modules.pop("rl_assets_test_bad_scores", None)
+
+
+def test_a_failing_function_is_named(user_module):
+    with pytest.raises(RuntimeError, match=r"reward 'format_regex' failed: error: missing \), unterminated subpattern"):
+        score_rollouts(small_rollouts(), RewardsParams(functions=[{"name": "format_regex", "options": {"pattern": "(a"}}]), "h")
