@@ -8,7 +8,7 @@ inputs each stage depends on.
 
 from collections import Counter
 
-from dagster import AssetExecutionContext, AssetKey, MaterializeResult, PipesSubprocessClient, asset
+from dagster import AssetExecutionContext, AssetKey, Backoff, MaterializeResult, PipesSubprocessClient, RetryPolicy, asset
 
 from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute
 from rl_assets.paths import checkpoint_key, output_path
@@ -24,6 +24,8 @@ def compute_tags() -> dict:
 
 
 COMPUTE_TAGS = compute_tags()
+# A training step killed by a preemption or an OOM is retried; it resumes from its last saved state.
+TRAINING_RETRY = RetryPolicy(max_retries=2, delay=30, backoff=Backoff.EXPONENTIAL)
 
 
 def dvc_meta(params: list[str], code: list[str], inputs: list[str] | None = None) -> dict:
@@ -77,6 +79,7 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Materiali
     kinds={"pytorch"},
     pool="gpu",
     op_tags=COMPUTE_TAGS,
+    retry_policy=TRAINING_RETRY,
     description="The base policy (embedded tiny model or any HF causal LM), warm-started with TRL's SFTTrainer.",
     metadata=dvc_meta(["seed", "model", "sft"], ["rl_assets/models.py", "rl_assets/sft.py"]),
 )

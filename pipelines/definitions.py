@@ -24,12 +24,22 @@ assets += [evaluation_asset(ROUNDS), promoted_model]
 rl_pipeline = define_asset_job("rl_pipeline", selection=AssetSelection.all(), tags={"rl_assets/writes": "data"},
                                description="raw data to evaluated checkpoints, every round, then promotion.")
 
+
+def executor(params):
+    """Local processes, or one Kubernetes pod per step whose GPU requests come from the op tags (extra `[k8s]`)."""
+    if params.compute.executor == "k8s":
+        from dagster_k8s import k8s_job_executor
+
+        return k8s_job_executor
+    return multiprocess_executor
+
+
 defs = Definitions(
     assets=assets,
     asset_checks=asset_checks(ROUNDS),
     jobs=[rl_pipeline],
     schedules=[retrain_schedule(PARAMS)],
     sensors=[raw_data_sensor],
-    executor=multiprocess_executor,
+    executor=executor(PARAMS),
     resources={"pipes": PipesSubprocessClient(), "params": ParamsResource()},
 )

@@ -22,7 +22,7 @@ from pipelines.steps import ParamsResource, compute_command
                 "beats the current promoted model on the same evaluation; models/history.jsonl keeps every promotion and rollback.",
 )
 def promoted_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
-    command = compute_command("promote", params, nproc=1)
+    command = compute_command("promote", params, params.load().compute)
     context.log.info("launching: %s", " ".join(command))
     result = pipes.run(context=context, command=command, env={"PYTHONUNBUFFERED": "1"}).get_materialize_result()
     context.log.info(f"promotion: {getattr(result.metadata['reason'], 'value', result.metadata['reason'])}")

@@ -7,7 +7,7 @@ Dagster's lineage view and dvc.lock show the whole chain.
 
 from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, PipesSubprocessClient, asset
 
-from pipelines.assets import COMPUTE_TAGS, dvc_meta
+from pipelines.assets import COMPUTE_TAGS, TRAINING_RETRY, dvc_meta
 from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute
 from rl_assets.paths import checkpoint_key, output_path, round_prefix
 
@@ -57,8 +57,10 @@ def round_assets(n: int) -> list[AssetsDefinition]:
         kinds={"pytorch"},
         pool="gpu",
         op_tags=COMPUTE_TAGS,
-        description=f"Round {n}: {checkpoint_key(n - 1)} updated by GRPO on this round's stored rollouts and rewards.",
-        metadata=dvc_meta(["seed", "train"], ["rl_assets/train.py", "rl_assets/losses.py", "rl_assets/advantages.py"]),
+        retry_policy=TRAINING_RETRY,
+        description=f"Round {n}: {checkpoint_key(n - 1)} updated by {load_project_params().train.algorithm} on this round's stored rollouts and rewards.",
+        metadata=dvc_meta(["seed", "train"], ["rl_assets/train.py", "rl_assets/train_state.py", "rl_assets/losses.py",
+                                              "rl_assets/advantages.py", "rl_assets/preference.py"]),
     )
     def checkpoint(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
         return run_compute(context, pipes, params, "train", n)

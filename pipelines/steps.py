@@ -12,7 +12,7 @@ import sys
 from dagster import AssetExecutionContext, ConfigurableResource, DataVersion, MaterializeResult, PipesSubprocessClient
 
 from pipelines.dvc import record_in_dvc
-from rl_assets.config import Params, load_params
+from rl_assets.config import ComputeParams, Params, load_params
 from rl_assets.storage import content_hash
 
 # SFT (HF Trainer) and GRPO training scale across processes; sampling and evaluation run in one.
@@ -38,23 +38,35 @@ def load_project_params() -> Params:
     return ParamsResource().load()
 
 
-def compute_command(stage: str, params: ParamsResource, nproc: int, round_number: int | None = None) -> list[str]:
-    """`python -m pipelines.pipes_child …`, or the same under torchrun when the step uses several processes."""
+def compute_command(stage: str, params: ParamsResource, compute: ComputeParams, round_number: int | None = None) -> list[str]:
+    """The child command of a compute step: `python -m pipelines.pipes_child …`, or the same under a launcher.
+
+    torchrun when the step uses several processes (with c10d rendezvous across `nnodes` machines), or
+    `accelerate launch` with the user's config file (DeepSpeed, FSDP, …) when `compute.accelerate_config` is set.
+    """
     args = ["-m", "pipelines.pipes_child", stage, "--params", params.path]
     if round_number is not None:
         args += ["--round", str(round_number)]
     for override in params.overrides:
         args += ["--set", override]
-    if nproc > 1 and stage in DISTRIBUTED_STAGES:
-        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}", *args]
+    if stage not in DISTRIBUTED_STAGES:
+        return [sys.executable, *args]
+    if compute.accelerate_config:
+        return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", compute.accelerate_config,
+                "--num_processes", str(compute.nproc * compute.nnodes), "--num_machines", str(compute.nnodes), *args]
+    if compute.nnodes > 1:
+        rendezvous = ["--nnodes", str(compute.nnodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", compute.rdzv_endpoint,
+                      "--rdzv_id", f"rl-assets-{stage}-{round_number or 0}"]
+        return [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={compute.nproc}", *args]
+    if compute.nproc > 1:
+        return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={compute.nproc}", *args]
     return [sys.executable, *args]
 
 
 def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource, stage: str,
                 round_number: int | None = None) -> MaterializeResult:
     """Run one compute step in a child process; rank 0 reports metadata and the data version."""
-    nproc = params.load().compute.nproc
-    command = compute_command(stage, params, nproc, round_number)
+    command = compute_command(stage, params, params.load().compute, round_number)
     context.log.info("launching: %s", " ".join(command))
     env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
     result = pipes.run(context=context, command=command, env=env).get_materialize_result()

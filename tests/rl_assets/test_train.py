@@ -116,3 +116,100 @@ def test_kl_penalty_uses_the_reference_model(rollouts):
     assert with_ref["kl_ref"] > 0  # the second step starts from a policy that already moved away
     with pytest.raises(ValueError, match="beta > 0 needs ref_logprobs"):
         train(rollouts, [1.0, 0.0, 0.0, 0.0], params, ref_model=None)
+
+
+# --- algorithms, accumulation, masking ------------------------------------------------------------
+
+
+@pytest.mark.parametrize("algorithm", ["rloo", "reinforce_pp"])
+def test_other_advantage_estimators_push_the_rewarded_completion_up(rollouts, algorithm):
+    params = TRAIN.model_copy(update={"algorithm": algorithm})
+    before = sequence_logprob(new_tiny_model(0), rollouts, 0)
+    model, _, metrics = train(rollouts, [1.0, 0.0, 0.0, 0.0], params)
+    assert sequence_logprob(model, rollouts, 0) > before
+    assert metrics["steps"] == 1
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dr_grpo", "dapo"])
+def test_gradient_accumulation_matches_one_big_step(rollouts, loss_type):
+    """Two micro-batches of 2 give the update of one batch of 4 (equal completion lengths are not needed for these types)."""
+    whole = TRAIN.model_copy(update={"loss_type": loss_type, "learning_rate": 1e-3})
+    split = whole.model_copy(update={"gradient_accumulation_steps": 2})
+    one, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0], whole)
+    two, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0], split)
+    first, second = one.state_dict(), two.state_dict()
+    assert all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
+
+
+def test_masking_truncated_completions_leaves_them_out_of_the_loss(rollouts):
+    truncated = rollouts.set_column(rollouts.schema.get_field_index("truncated"), "truncated", pa.array([True, True, False, False]))
+    # group 0 (rows 0, 1) carries the only signal and both of its completions are truncated
+    masked, before, metrics = train(truncated, [1.0, 0.0, 0.0, 0.0], TRAIN.model_copy(update={"mask_truncated_completions": True}))
+    assert metrics["truncated_share"] == 0.5
+    assert all(torch.equal(before[k], v) for k, v in masked.state_dict().items())
+    unmasked, before, _ = train(truncated, [1.0, 0.0, 0.0, 0.0])
+    assert any(not torch.equal(before[k], v) for k, v in unmasked.state_dict().items())
+
+
+def test_warmup_and_schedule_shape_the_learning_rate(rollouts):
+    params = TRAIN.model_copy(update={"minibatch_size": 2, "epochs": 4, "warmup_ratio": 0.25, "lr_scheduler": "linear"})
+    model = new_tiny_model(0)
+    _, _, history = train_on_rollouts(model, rollouts, rewards_for(rollouts, [1.0, 0.0, 0.0, 1.0]), params, group_size=2,
+                                      temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4, progress=False)
+    rates = [h["learning_rate"] for h in history]
+    assert len(rates) == 8 and rates[1] == pytest.approx(1e-2)  # 2 warmup steps reach the peak ...
+    assert rates[-1] == 0.0 and all(a >= b for a, b in zip(rates[1:], rates[2:]))  # ... then decay linearly to 0
+
+
+# --- resume ----------------------------------------------------------------------------------------
+
+
+RESUMABLE = TRAIN.model_copy(update={"minibatch_size": 2, "epochs": 3, "save_steps": 2, "keep_last": 2})
+FINGERPRINT = {"train": {"learning_rate": 1e-2}, "inputs": {"rollouts": "r", "rewards": "w"}, "parent": "p0", "world_size": 1, "seed": 0}
+
+
+def run_resumable(rollouts, state_dir, params=RESUMABLE, fingerprint=FINGERPRINT):
+    model, metrics, history = train_on_rollouts(new_tiny_model(0), rollouts, rewards_for(rollouts, [1.0, 0.0, 0.3, 0.9]), params,
+                                                group_size=2, temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4,
+                                                state_dir=state_dir, fingerprint=fingerprint, progress=False)
+    return model.state_dict(), metrics, history
+
+
+def test_a_resumed_run_ends_with_the_weights_of_an_uninterrupted_one(rollouts, tmp_path):
+    from rl_assets.train_state import saved_states
+
+    uninterrupted, metrics, history = run_resumable(rollouts, None)
+    assert metrics["steps"] == 6 and metrics["resumed_from_step"] == 0
+    # A first run leaves states at steps 2 and 4 (a crash after step 5 would leave the same) ...
+    run_resumable(rollouts, tmp_path / "state")
+    assert [p.name for p in saved_states(tmp_path / "state")] == ["step-000002", "step-000004"]
+    # ... and a rerun picks up at step 4 and ends where the uninterrupted run ended.
+    resumed, resumed_metrics, resumed_history = run_resumable(rollouts, tmp_path / "state")
+    assert resumed_metrics["resumed_from_step"] == 4
+    assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
+    assert resumed_history == history
+    assert resumed_metrics["loss"] == pytest.approx(metrics["loss"]) and resumed_metrics["kl_old"] == pytest.approx(metrics["kl_old"])
+
+
+def test_keep_last_prunes_older_states(rollouts, tmp_path):
+    from rl_assets.train_state import saved_states
+
+    params = RESUMABLE.model_copy(update={"epochs": 5, "save_steps": 1, "keep_last": 3})
+    run_resumable(rollouts, tmp_path / "state", params)
+    assert [p.name for p in saved_states(tmp_path / "state")] == ["step-000007", "step-000008", "step-000009"]
+
+
+def test_resume_refuses_a_state_from_another_configuration(rollouts, tmp_path):
+    from rl_assets.train_state import TrainStateMismatch
+
+    run_resumable(rollouts, tmp_path / "state")
+    other = {**FINGERPRINT, "train": {"learning_rate": 2e-2}, "inputs": {"rollouts": "r2", "rewards": "w"}}
+    with pytest.raises(TrainStateMismatch) as error:
+        run_resumable(rollouts, tmp_path / "state", fingerprint=other)
+    message = str(error.value)
+    assert "refusing to continue it" in message
+    assert "inputs.rollouts: saved 'r', now 'r2'" in message and "train.learning_rate: saved 0.01, now 0.02" in message
+    assert "train.resume=false" in message
+    # resume: false discards the old states and starts over
+    _, metrics, _ = run_resumable(rollouts, tmp_path / "state", RESUMABLE.model_copy(update={"resume": False}), fingerprint=other)
+    assert metrics["resumed_from_step"] == 0

@@ -1,0 +1,81 @@
+"""The Kubernetes deployment, without a cluster: the executor, the pod each compute step gets, and the launch commands."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import REPO, python
+from pipelines.steps import ParamsResource, compute_command
+from rl_assets.config import ComputeParams
+
+pytest.importorskip("dagster_k8s", reason="dagster-k8s is the optional [k8s] extra")
+
+# Loads the code location with k8s settings and builds, with dagster-k8s' own functions, the Job each step would get.
+POD_SPECS = """
+import json
+from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
+import pipelines.definitions as d
+
+out = {"executor": d.defs.executor.name}
+for node in d.defs.resolve_job_def("rl_pipeline").graph.node_defs:
+    tags = {k: v if isinstance(v, str) else json.dumps(v) for k, v in node.tags.items()}
+    config = DagsterK8sJobConfig(job_image="registry.example/rl-assets:1", dagster_home="/opt/dagster/home", instance_config_map="dagster-instance")
+    job = construct_dagster_k8s_job(config, ["dagster", "api", "execute_step"], "job-" + node.name.replace("_", "-")[:40],
+                                    user_defined_k8s_config=get_user_defined_k8s_config(tags))
+    container = job.spec.template.spec.containers[0]
+    out[node.name] = {"limits": (container.resources.limits if container.resources else None) or {},
+                      "requests": (container.resources.requests if container.resources else None) or {},
+                      "image": container.image, "pool": node.pool}
+print(json.dumps(out))
+"""
+
+
+def pod_specs(**settings: str) -> dict:
+    overrides = ";".join(f"{k}={v}" for k, v in settings.items())
+    done = python(["-c", POD_SPECS], REPO, timeout=180, RL_ASSETS_SET=overrides)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def test_k8s_executor_gives_each_compute_step_its_gpus_and_nothing_to_the_rest():
+    specs = pod_specs(**{"compute.executor": "k8s", "compute.gpus_per_step": "2"})
+    assert specs["executor"] == "k8s"
+    for op in ("r00__checkpoint", "r01__rollouts", "r01__checkpoint", "evaluation"):
+        assert specs[op]["limits"] == {"nvidia.com/gpu": "2"} and specs[op]["requests"] == {"nvidia.com/gpu": "2"}, op
+        assert specs[op]["image"] == "registry.example/rl-assets:1" and specs[op]["pool"] == "gpu"
+    for op in ("raw_data", "prompts", "r01__rewards"):  # CPU-only stages request no GPU
+        assert "nvidia.com/gpu" not in specs[op]["limits"], op
+
+
+def test_default_params_run_on_the_multiprocess_executor_without_gpu_requests():
+    specs = pod_specs()
+    assert specs["executor"] == "multiprocess"
+    assert specs["r01__checkpoint"]["limits"] == {}
+
+
+RESOURCE = ParamsResource(path="params.yaml", overrides=["train.epochs=1"])
+
+
+def test_one_process_steps_run_plain_python():
+    command = compute_command("rollouts", RESOURCE, ComputeParams(nproc=4), 3)
+    assert command[1:] == ["-m", "pipelines.pipes_child", "rollouts", "--params", "params.yaml", "--round", "3", "--set", "train.epochs=1"]
+
+
+def test_several_processes_use_standalone_torchrun():
+    command = compute_command("train", RESOURCE, ComputeParams(nproc=4), 2)
+    assert command[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m"]
+
+
+def test_several_nodes_use_torchrun_rendezvous():
+    compute = ComputeParams(nproc=8, nnodes=4, rdzv_endpoint="rl-assets-train.default.svc:29400")
+    command = " ".join(compute_command("train", RESOURCE, compute, 2))
+    assert ("-m torch.distributed.run --nnodes 4 --rdzv_backend c10d --rdzv_endpoint rl-assets-train.default.svc:29400 "
+            "--rdzv_id rl-assets-train-2 --nproc_per_node=8 -m pipelines.pipes_child train") in command
+
+
+def test_an_accelerate_config_switches_the_launcher_to_accelerate_launch(tmp_path):
+    compute = ComputeParams(nproc=8, nnodes=2, rdzv_endpoint="head:29500", accelerate_config="configs/zero3.yaml")
+    command = compute_command("sft", RESOURCE, compute, None)
+    assert command[1:10] == ["-m", "accelerate.commands.launch", "--config_file", "configs/zero3.yaml", "--num_processes", "16",
+                             "--num_machines", "2", "-m"]
