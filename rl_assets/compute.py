@@ -71,7 +71,8 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str) -> 
     prompts_path = output_path("prompts", root)
     model, tokenizer = load_policy(policy_path, device)
     table = sample_rollouts(model, tokenizer, read_table(prompts_path, "prompts"), params.rollouts, round_number=round_number,
-                            seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path))
+                            seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
+                            model_path=str(policy_path))
     write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", root), ROLLOUTS, "rollouts")
     lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
     samples = [[p, c, a] for p, c, a in zip(table["prompt"].to_pylist()[:8], table["completion"].to_pylist()[:8], table["answer"].to_pylist()[:8])]
@@ -198,7 +199,9 @@ def _device(params: Params) -> str:
 
     device = pick_device(params.compute.device)
     if device == "cuda" and dist.is_initialized():
-        return f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    if device.startswith("cuda") and params.compute.gpu_memory_fraction < 1:  # share a GPU without one step starving the rest
+        torch.cuda.set_per_process_memory_fraction(params.compute.gpu_memory_fraction, torch.device(device))
     return device
 
 

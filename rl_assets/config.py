@@ -103,6 +103,7 @@ class RolloutsParams(Section):
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling threshold.")
     max_new_tokens: int = Field(8, ge=1, description="Completion length cap; longer completions are truncated.")
     batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
+    engine: Literal["auto", "transformers", "vllm"] = Field("auto", description="auto: vLLM on a GPU when installed, else batched transformers generate.")
 
 
 class RewardFunctionParams(Section):

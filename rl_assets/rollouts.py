@@ -14,6 +14,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rl_assets.config import RolloutsParams
+from rl_assets.losses import token_entropy
 from rl_assets.schemas import ROLLOUTS
 
 
@@ -58,11 +59,12 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
 
 
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
-                        temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+                        temperature: float = 1.0, with_entropy: bool = False):
     """Per-token log-probs of each completion given its prompt.
 
     Sequences are right-padded so positions need no correction.
-    Returns (logprobs, mask), both (N, T) with T the longest completion; padding has mask 0.
+    Returns (logprobs, mask), both (N, T) with T the longest completion; padding has mask 0. With
+    `with_entropy`, a third (N, T) tensor holds the policy's (detached) entropy at each position.
     """
     device = next(model.parameters()).device
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
@@ -78,11 +80,17 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     all_logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
     targets = input_ids[:, 1:].to(device)
     token_logprobs = all_logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, width - 1)
+    entropy = torch.zeros(len(lengths), span, device=device) if with_entropy else None
+    if with_entropy:
+        with torch.no_grad():
+            all_entropy = token_entropy(logits[:, :-1])
     for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
         if c:
             logprobs[i, : len(c)] = token_logprobs[i, len(p) - 1 : len(p) - 1 + len(c)]
             mask[i, : len(c)] = 1
-    return logprobs, mask
+            if with_entropy:
+                entropy[i, : len(c)] = all_entropy[i, len(p) - 1 : len(p) - 1 + len(c)]
+    return (logprobs, mask, entropy) if with_entropy else (logprobs, mask)
 
 
 def choose_prompts(prompts: pa.Table, count: int, round_number: int, seed: int) -> pa.Table:
@@ -95,14 +103,21 @@ def choose_prompts(prompts: pa.Table, count: int, round_number: int, seed: int) 
 
 
 def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams, *, round_number: int, seed: int,
-                    policy_id: str, prompts_hash: str, progress: bool = True) -> pa.Table:
-    """The `ROLLOUTS` table of one round: G samples for each of B prompts from `model`."""
+                    policy_id: str, prompts_hash: str, progress: bool = True, model_path: str | None = None) -> pa.Table:
+    """The `ROLLOUTS` table of one round: G samples for each of B prompts from `model` (sampled by vLLM from `model_path` when chosen)."""
+    from rl_assets.rollouts_vllm import generate_vllm, resolve_engine
+
     chosen = choose_prompts(prompts, params.prompts_per_round, round_number, seed)
     sample_seed = seed * 1000 + round_number
     G = params.samples_per_prompt
-    result = generate(model, tokenizer, chosen["prompt"].to_pylist(), G, greedy=False, temperature=params.temperature,
-                      top_p=params.top_p, max_new_tokens=params.max_new_tokens, batch_size=params.batch_size,
-                      seed=sample_seed, progress=progress)
+    device = str(next(model.parameters()).device)
+    if model_path is not None and resolve_engine(params.engine, device) == "vllm":
+        result = generate_vllm(model_path, tokenizer, chosen["prompt"].to_pylist(), G, temperature=params.temperature, top_p=params.top_p,
+                               max_new_tokens=params.max_new_tokens, seed=sample_seed)
+    else:
+        result = generate(model, tokenizer, chosen["prompt"].to_pylist(), G, greedy=False, temperature=params.temperature,
+                          top_p=params.top_p, max_new_tokens=params.max_new_tokens, batch_size=params.batch_size,
+                          seed=sample_seed, progress=progress)
     logprobs = []
     with torch.no_grad():
         for start in range(0, len(result.texts), params.batch_size):

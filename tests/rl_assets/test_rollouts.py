@@ -136,3 +136,16 @@ def test_choose_prompts_without_rl_rows():
 def test_choose_prompts_from_an_empty_table():
     with pytest.raises(ValueError, match="no 'rl' split rows"):
         choose_prompts(prompts_table([]), 4, round_number=1, seed=0)
+
+
+def test_rollout_engine_falls_back_to_transformers_without_a_gpu_or_vllm(monkeypatch):
+    from rl_assets import rollouts_vllm
+
+    assert rollouts_vllm.resolve_engine("auto", "cpu") == "transformers"
+    assert rollouts_vllm.resolve_engine("transformers", "cuda") == "transformers"
+    monkeypatch.setattr(rollouts_vllm, "vllm_available", lambda: False)
+    assert rollouts_vllm.resolve_engine("auto", "cuda") == "transformers"
+    with pytest.raises(ValueError, match=r"rollouts.engine: vllm is not installed \(pip install 'rl-assets\[vllm\]'\)"):
+        rollouts_vllm.resolve_engine("vllm", "cuda")
+    monkeypatch.setattr(rollouts_vllm, "vllm_available", lambda: True)
+    assert rollouts_vllm.resolve_engine("auto", "cuda:0") == "vllm"
