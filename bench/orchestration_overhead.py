@@ -43,7 +43,7 @@ from rl_assets.schemas import PROMPTS, RAW_DATA, read_table, reward_function_nam
 from rl_assets.storage import file_hash
 
 params, root = load_params("params.yaml"), Path(".")
-raw = load_raw_data(params.raw_data, params.seed)
+raw, _ = load_raw_data(params.raw_data, params.seed)
 write_table(raw, output_path("raw_data"), RAW_DATA, "raw_data")
 prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model))
 write_table(prompts, output_path("prompts"), PROMPTS, "prompts")

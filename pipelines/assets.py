@@ -8,7 +8,7 @@ inputs each stage depends on.
 
 from collections import Counter
 
-from dagster import AssetExecutionContext, AssetKey, Backoff, MaterializeResult, PipesSubprocessClient, RetryPolicy, asset
+from dagster import AssetExecutionContext, AssetKey, Backoff, MaterializeResult, MetadataValue, PipesSubprocessClient, RetryPolicy, asset
 
 from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute
 from rl_assets.paths import checkpoint_key, output_path
@@ -35,21 +35,30 @@ def dvc_meta(params: list[str], code: list[str], inputs: list[str] | None = None
     return meta
 
 
+def raw_inputs() -> list[str]:
+    """Every file or folder the sources read (data files, dataset folders, generator modules): DVC deps."""
+    from rl_assets.raw_data import source_inputs
+
+    return source_inputs(load_project_params().raw_data)
+
+
 @asset(
     group_name="data",
     kinds={"parquet"},
-    description="Every configured source (static files, seeded generators) merged into one table with source and hash per row.",
-    metadata=dvc_meta(["seed", "raw_data"], ["rl_assets/raw_data.py"], sorted({s.path for s in load_project_params().raw_data.sources})),
+    description="Every configured source (JSONL/CSV/Parquet/datasets files, seeded generators) merged into one table with source and hash per row.",
+    metadata=dvc_meta(["seed", "raw_data"], ["rl_assets/raw_data.py", "rl_assets/raw_files.py", "rl_assets/raw_generators.py"], raw_inputs()),
 )
 def raw_data(context: AssetExecutionContext, params: ParamsResource) -> MaterializeResult:
     from rl_assets.raw_data import load_raw_data
     from rl_assets.schemas import RAW_DATA, write_table
 
     p = params.load()
-    table = load_raw_data(p.raw_data, p.seed)
+    table, dropped = load_raw_data(p.raw_data, p.seed)  # raises before anything is written
     path = write_table(table, output_path("raw_data"), RAW_DATA, "raw_data")
     counts = Counter(table["source"].to_pylist())
-    return materialized(context, path, {"rows": table.num_rows, "rows_per_source": dict(counts)})
+    sample = "\n".join(f"- `{message}`" for message in dropped[:10]) or "none"
+    return materialized(context, path, {"rows": table.num_rows, "rows_per_source": dict(counts), "dropped_bad_rows": len(dropped),
+                                        "dropped_bad_rows_sample": MetadataValue.md(sample)})
 
 
 @asset(

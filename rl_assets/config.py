@@ -54,26 +54,67 @@ class ModelParams(Section):
     tiny: TinyModelParams = Field(default_factory=TinyModelParams, description="Shape of the embedded model when name_or_path is 'tiny'.")
 
 
+# Keyword arguments the rewards stage already passes to reward functions; an extra column may not shadow them.
+RESERVED_EXTRA = ("answer", "completion", "completion_ids", "completions", "prompt", "prompt_id", "prompts", "truncated")
+
+
+class ColumnsParams(Section):
+    prompt: str = Field("prompt", min_length=1, description="The source's column holding the problem text.")
+    answer: str = Field("answer", min_length=1, description="The source's column holding the reference answer (text or a number).")
+    extra: list[str] = Field(default_factory=list, description="Columns passed on to reward functions as keyword arguments, by their own name.")
+
+    @model_validator(mode="after")
+    def _check_extra(self):
+        reserved = sorted(set(self.extra) & set(RESERVED_EXTRA))
+        if reserved:
+            raise ValueError(f"extra columns {reserved} would shadow reward arguments; reserved: {list(RESERVED_EXTRA)}")
+        repeated = sorted({c for c in self.extra if self.extra.count(c) > 1})
+        if repeated:
+            raise ValueError(f"extra lists columns more than once: {repeated}")
+        return self
+
+
 class SourceParams(Section):
-    kind: Literal["generator", "jsonl", "parquet"] = Field(description="generator: templates JSON; jsonl/parquet: a static file.")
-    path: str = Field(min_length=1, description="File path, relative to the project root.")
-    count: int = Field(0, ge=0, description="Problems to generate (generator only).")
-    columns: dict[str, str] = Field(default_factory=dict, description="Our column -> the file's column, e.g. {prompt: question, answer: solution}.")
+    kind: Literal["generator", "python", "jsonl", "csv", "parquet", "hf_dataset"] = Field(
+        description="generator: templates JSON; python: your 'module:function'; jsonl/csv/parquet: a file; hf_dataset: a save_to_disk folder.")
+    path: str | None = Field(None, min_length=1, description="File or folder, relative to the project root (every kind but python).")
+    function: str | None = Field(None, description="python only: 'module:function' called as function(count=..., seed=...) -> list of row dicts.")
+    count: int = Field(0, ge=0, description="Rows to generate (generator and python only).")
+    columns: ColumnsParams = Field(default_factory=ColumnsParams, description="Which columns hold the prompt, the answer and extra reward inputs.")
+    split: str | None = Field(None, min_length=1, description="hf_dataset only: the split of a saved DatasetDict.")
+    weight: float = Field(1.0, gt=0, description="Share of raw_data.max_rows drawn from this source, relative to the other weights.")
+    on_bad_rows: Literal["error", "skip"] | None = Field(None, description="Overrides raw_data.on_bad_rows for this source.")
 
     @model_validator(mode="after")
     def _check_kind(self):
-        if self.kind == "generator" and self.count < 1:
-            raise ValueError("a generator source needs count >= 1")
-        if self.kind != "generator" and self.count:
-            raise ValueError("count applies to generator sources only")
-        unknown = set(self.columns) - {"prompt", "answer"}
-        if unknown:
-            raise ValueError(f"columns maps unknown fields {sorted(unknown)}; allowed: ['answer', 'prompt']")
+        generated = self.kind in ("generator", "python")
+        if generated and self.count < 1:
+            raise ValueError(f"a {self.kind} source needs count >= 1")
+        if not generated and self.count:
+            raise ValueError("count applies to generator and python sources only")
+        if (self.kind == "python") != (self.function is not None):
+            raise ValueError("function ('module:function') is required for, and only for, python sources")
+        if self.function is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.function):
+            raise ValueError(f"function must be 'module:function', got {self.function!r}")
+        if (self.kind == "python") == (self.path is not None):
+            raise ValueError("python sources take function, not path" if self.kind == "python" else f"a {self.kind} source needs a path")
+        if self.kind == "generator" and self.columns != ColumnsParams():
+            raise ValueError("columns do not apply to generator sources (templates define prompt and answer)")
+        if self.split is not None and self.kind != "hf_dataset":
+            raise ValueError("split applies to hf_dataset sources only")
         return self
 
 
 class RawDataParams(Section):
     sources: list[SourceParams] = Field(min_length=1, description="Where problems come from; all are merged into one table.")
+    max_rows: int | None = Field(None, ge=1, description="Mix the sources to this many rows, split by weight (seeded draw without replacement); unset: every row.")
+    on_bad_rows: Literal["error", "skip"] = Field("error", description="error: stop at the first bad row; skip: drop bad rows and report them.")
+
+    @model_validator(mode="after")
+    def _check_weights(self):
+        if self.max_rows is None and any(s.weight != 1.0 for s in self.sources):
+            raise ValueError("source weights apply only when raw_data.max_rows is set")
+        return self
 
 
 class PromptsParams(Section):
@@ -81,11 +122,15 @@ class PromptsParams(Section):
     sft_fraction: float = Field(0.25, ge=0.0, lt=1.0, description="Share of the other problems kept for the SFT warm start; the rest are RL prompts.")
     max_prompt_tokens: int = Field(64, ge=1, description="Prompts longer than this (in the policy's tokens) are dropped.")
     template: str = Field("{prompt}", description="How a problem is shown to the model; must contain {prompt}.")
+    chat_template: bool | str = Field(False, description="true: wrap the templated text as a user turn with the tokenizer's chat template; "
+                                                         "a string: that Jinja chat template instead; false: plain text.")
 
     @model_validator(mode="after")
     def _check_template(self):
         if "{prompt}" not in self.template:
             raise ValueError("template must contain {prompt}")
+        if isinstance(self.chat_template, str) and not self.chat_template.strip():
+            raise ValueError("chat_template must be true, false or a non-empty Jinja template")
         return self
 
 

@@ -3,6 +3,11 @@
 Three splits: `eval` (held out), `sft` (reference answers for the warm start) and `rl` (prompts the
 rounds sample from). RL on prompts the warm start has not memorised is what makes its gains carry
 over to held-out prompts.
+
+The text the policy sees is `prompts.template` with the problem filled in, then, with
+`prompts.chat_template`, wrapped as one user turn by the tokenizer's chat template (with the
+generation prompt). `prompt_id` hashes the problem and answer only: neither the templates nor the
+`extra` reward inputs, so two rows with the same problem and answer are one prompt (the first kept).
 """
 
 from __future__ import annotations
@@ -36,6 +41,22 @@ def split_of(pid: str, eval_fraction: float, sft_fraction: float) -> str:
     return "sft" if bucket < eval_fraction + sft_fraction * (1 - eval_fraction) else "rl"
 
 
+class ChatTemplateError(ValueError):
+    """prompts.chat_template is on but the policy tokenizer has no chat template."""
+
+
+def render(problem: str, params: PromptsParams, tokenizer) -> str:
+    """The prompt text for one problem: the template, then the chat template when asked for."""
+    text = params.template.replace("{prompt}", problem)
+    if params.chat_template is False:
+        return text
+    custom = params.chat_template if isinstance(params.chat_template, str) else None
+    if custom is None and not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateError(f"prompts.chat_template: the policy tokenizer ({type(tokenizer).__name__}) has no chat template; "
+                                "set chat_template to a Jinja template string, or to false")
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], chat_template=custom, tokenize=False, add_generation_prompt=True)
+
+
 def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.Table, dict]:
     """The `PROMPTS` table and counts of what was dropped (duplicates, over-long prompts)."""
     seen, rows = set(), []
@@ -46,9 +67,9 @@ def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.T
             dropped["duplicates"] += 1
             continue
         seen.add(pid)
-        text = params.template.replace("{prompt}", record["prompt"])
-        rows.append({"prompt_id": pid, "prompt": text, "problem": record["prompt"], "answer": record["answer"],
-                     "split": split_of(pid, params.eval_fraction, params.sft_fraction), **{k: record[k] for k in ("source", "source_hash", "source_row")}})
+        rows.append({"prompt_id": pid, "prompt": render(record["prompt"], params, tokenizer), "problem": record["prompt"], "answer": record["answer"],
+                     "split": split_of(pid, params.eval_fraction, params.sft_fraction),
+                     **{k: record[k] for k in ("source", "source_hash", "source_row", "extra")}})
     lengths = [len(ids) for ids in tokenizer([r["prompt"] for r in rows])["input_ids"]] if rows else []
     kept = []
     for row, length in zip(rows, lengths):

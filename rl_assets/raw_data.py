@@ -1,150 +1,177 @@
 """raw_data: read every configured source into one table, each row tagged with its source and hash.
 
-Two kinds of source:
-- static files (JSONL, Parquet) with a column mapping onto our `prompt` and `answer` fields;
-- a seeded generator driven by a templates JSON, e.g.::
+Sources (`raw_data.sources` in params.yaml):
 
-    {"templates": [{"prompt": "{a}+{b}=", "answer": "a+b", "ranges": {"a": [0, 99], "b": [0, 99]}}]}
+- static files: `jsonl`, `csv`, `parquet`, and `hf_dataset` (a folder written by `save_to_disk`);
+- dynamic: `generator` (the seeded templates file of `raw_generators`) and `python` (your
+  `module:function(count=, seed=)` returning row dicts).
 
-  `answer` is an arithmetic expression over the template's variables (+ - * // % and parentheses).
+A column mapping (`columns: {prompt: question, answer: solution, extra: [difficulty]}`) picks each
+row's prompt and reference answer; `extra` columns travel as a JSON object to reward functions.
+Every row carries `source`, `source_hash` (MD5 of the file; a folder hash for a dataset folder;
+the module file of a python generator) and `source_row`.
+
+Bad rows (invalid JSON, undecodable text, a missing column, a wrong type, an empty prompt) stop
+the load with a `RawDataError` naming the file and line (or row); with `on_bad_rows: skip` they are
+dropped and returned as messages. Problems with a whole source always stop the load.
+
+Mixing: with `raw_data.max_rows` set, source i contributes min(its rows, its share) rows, its share
+being max_rows * weight_i / sum(weights) (largest remainders make the shares add up); the rows are
+a seeded draw without replacement, kept in source order. A source smaller than its share gives all
+its rows and the others do not make up the difference. Without `max_rows`, every row is kept.
 """
 
 from __future__ import annotations
 
-import ast
 import json
-import operator
 import random
 from pathlib import Path
 
 import pyarrow as pa
-import pyarrow.parquet as pq
 
-from rl_assets.config import RawDataParams, SourceParams
+from rl_assets.config import ColumnsParams, RawDataParams, SourceParams
+from rl_assets.raw_files import BadRow, RawDataError, Records, read_csv, read_hf_dataset, read_jsonl, read_parquet, where
+from rl_assets.raw_generators import evaluate_expression, generate_problems, module_file, run_user_generator
 from rl_assets.schemas import RAW_DATA
-from rl_assets.storage import file_hash
+from rl_assets.storage import content_hash
+
+__all__ = ["RawDataError", "evaluate_expression", "generate_problems", "load_raw_data", "read_source", "source_inputs", "source_label"]
 
 
-class RawDataError(ValueError):
-    """A source that cannot be read; the message names the file and, where known, the row."""
+def source_label(source: SourceParams) -> str:
+    """How rows name their source in the `source` column.
 
-
-_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod}
-
-
-def evaluate_expression(expression: str, variables: dict[str, int]) -> int:
-    """Evaluate an integer arithmetic expression without `eval`.
-
-    >>> evaluate_expression("a * (b - 3)", {"a": 4, "b": 5})
-    8
+    >>> source_label(SourceParams(kind="python", function="gen:rows", count=1))
+    'python:gen:rows'
     """
-
-    def walk(node):
-        if isinstance(node, ast.Expression):
-            return walk(node.body)
-        if isinstance(node, ast.BinOp) and type(node.op) in _OPERATORS:
-            return _OPERATORS[type(node.op)](walk(node.left), walk(node.right))
-        if isinstance(node, ast.UnaryOp) and isinstance(node.op, ast.USub):
-            return -walk(node.operand)
-        if isinstance(node, ast.Constant) and isinstance(node.value, int):
-            return node.value
-        if isinstance(node, ast.Name) and node.id in variables:
-            return variables[node.id]
-        raise ValueError(f"unsupported element {ast.dump(node)}")
-
-    return walk(ast.parse(expression, mode="eval"))
+    if source.kind == "generator":
+        return f"generator:{source.path}"
+    return f"python:{source.function}" if source.kind == "python" else source.path
 
 
-def generate_problems(templates_path: Path, count: int, seed: int) -> list[dict]:
-    """Draw `count` problems from the templates file, reproducibly for a given seed."""
-    try:
-        spec = json.loads(templates_path.read_text())
-        templates = spec["templates"]
-    except (OSError, json.JSONDecodeError, KeyError, TypeError) as error:
-        raise RawDataError(f"{templates_path}: not a templates file ({error})") from None
-    if not templates:
-        raise RawDataError(f"{templates_path}: 'templates' is empty")
-    rng = random.Random(seed)
-    weights = [t.get("weight", 1.0) for t in templates]
-    rows = []
-    for index in range(count):
-        number = rng.choices(range(len(templates)), weights)[0]
-        template = templates[number]
-        try:
-            variables = {name: rng.randint(low, high) for name, (low, high) in sorted(template["ranges"].items())}
-            prompt = template["prompt"].format(**variables)
-            answer = str(evaluate_expression(template["answer"], variables))
-        except (KeyError, ValueError, TypeError, ZeroDivisionError, SyntaxError) as error:
-            raise RawDataError(f"{templates_path}: templates[{number}]: {type(error).__name__}: {error}") from None
-        rows.append({"source_row": index, "prompt": prompt, "answer": answer})
-    return rows
+def source_location(source: SourceParams, root: Path) -> Path | None:
+    """The file or folder whose content hash identifies the source (None: a python module not found)."""
+    if source.kind == "python":
+        return module_file(source.function.partition(":")[0], root)
+    return root / source.path
 
 
-def _read_jsonl(path: Path, label: str) -> list[dict]:
-    rows = []
-    with open(path, "rb") as handle:
-        for line_number, raw_line in enumerate(handle, start=1):
-            try:
-                line = raw_line.decode("utf-8")
-            except UnicodeDecodeError as error:
-                raise RawDataError(f"{label}:{line_number}: not UTF-8 text ({error.reason} at column {error.start + 1})") from None
-            if not line.strip():
-                continue
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError as error:
-                raise RawDataError(f"{label}:{line_number}: invalid JSON ({error.msg})") from None
-            if not isinstance(record, dict):
-                raise RawDataError(f"{label}:{line_number}: expected a JSON object, got {type(record).__name__}")
-            rows.append((line_number, record))
-    return rows
+def source_inputs(params: RawDataParams, root: Path = Path(".")) -> list[str]:
+    """Paths (relative to `root`) of every file or folder the sources read: DVC deps of the raw_data stage.
 
-
-def read_static(source: SourceParams, root: Path) -> list[dict]:
-    """Rows of a static JSONL or Parquet file, mapped onto `prompt` and `answer`."""
-    path = root / source.path
-    if not path.is_file():
-        raise RawDataError(f"{source.path}: file not found")
-    mapping = {"prompt": "prompt", "answer": "answer", **source.columns}
-    try:
-        if source.kind == "jsonl":
-            records = _read_jsonl(path, source.path)
-        else:
-            records = list(enumerate(pq.read_table(path).to_pylist(), start=0))
-    except pa.ArrowInvalid as error:
-        raise RawDataError(f"{source.path}: not a Parquet file ({error})") from None
-    where = "line" if source.kind == "jsonl" else "row"
-    rows = []
-    for number, record in records:
-        values = {}
-        for field, column in mapping.items():
-            if column not in record:
-                raise RawDataError(f"{source.path}: {where} {number}: missing column {column!r} (mapped to {field})")
-            value = record[column]
-            if isinstance(value, bool) or not isinstance(value, (str, int, float)):
-                raise RawDataError(f"{source.path}: {where} {number}: column {column!r} must be text or a number, got {type(value).__name__}")
-            values[field] = str(value).strip()
-        if not values["prompt"]:
-            raise RawDataError(f"{source.path}: {where} {number}: empty prompt in column {mapping['prompt']!r}")
-        rows.append({"source_row": number, **values})
-    return rows
-
-
-def load_raw_data(params: RawDataParams, seed: int, root: Path = Path(".")) -> pa.Table:
-    """Merge all sources into one `RAW_DATA` table; raises `RawDataError` before anything is written."""
-    columns = {name: [] for name in RAW_DATA.names}
+    A python generator's module file counts when it lies under `root`; an installed module does not.
+    """
+    inputs = set()
     for source in params.sources:
-        path = root / source.path
-        if source.kind == "generator":
-            rows = generate_problems(path, source.count, seed)
-            label = f"generator:{source.path}"
-        else:
-            rows = read_static(source, root)
-            label = source.path
-        digest = file_hash(path)
-        for row in rows:
-            columns["source"].append(label)
-            columns["source_hash"].append(digest)
-            for key in ("source_row", "prompt", "answer"):
-                columns[key].append(row[key])
-    return pa.table(columns, schema=RAW_DATA)
+        location = source_location(source, root)
+        if location is None:
+            continue
+        try:
+            inputs.add(location.resolve().relative_to(root.resolve()).as_posix())
+        except ValueError:
+            continue  # outside the project: hashed into every row, but not a DVC dep
+    return sorted(inputs)
+
+
+def _records(source: SourceParams, root: Path, seed: int) -> Records:
+    label = source.path
+    columns = source.columns
+    needed = {columns.prompt: "prompt", columns.answer: "answer", **{c: "extra" for c in columns.extra}}
+    typed = [columns.prompt, columns.answer]
+    if source.kind == "python":
+        return run_user_generator(source.function, source.count, seed, root)
+    path = root / source.path
+    if source.kind == "hf_dataset":
+        if not path.is_dir():
+            raise RawDataError(f"{label}: folder not found")
+        return read_hf_dataset(path, label, needed, typed, source.split)
+    if not path.is_file():
+        raise RawDataError(f"{label}: file not found")
+    if source.kind == "jsonl":
+        return read_jsonl(path, label)
+    if source.kind == "csv":
+        return read_csv(path, label, needed)
+    return read_parquet(path, label, needed, typed)
+
+
+def map_row(record: dict, columns: ColumnsParams, at: str) -> dict:
+    """Our `prompt`, `answer` and `extra` (JSON text) from one record; `BadRow` when it does not fit."""
+    values = {}
+    for field, column in (("prompt", columns.prompt), ("answer", columns.answer)):
+        if column not in record:
+            raise BadRow(f"{at}: missing column {column!r} (mapped to {field})")
+        value = record[column]
+        if isinstance(value, bool) or not isinstance(value, (str, int, float)):
+            raise BadRow(f"{at}: column {column!r} must be text or a number, got {type(value).__name__}")
+        values[field] = str(value).strip()
+    if not values["prompt"]:
+        raise BadRow(f"{at}: empty prompt in column {columns.prompt!r}")
+    extra = {}
+    for column in columns.extra:
+        if column not in record:
+            raise BadRow(f"{at}: missing column {column!r} (mapped to extra)")
+        try:
+            json.dumps(record[column], allow_nan=False)
+        except (TypeError, ValueError):
+            raise BadRow(f"{at}: column {column!r} holds {type(record[column]).__name__}, which is not JSON") from None
+        extra[column] = record[column]
+    values["extra"] = json.dumps(extra, sort_keys=True, ensure_ascii=False)
+    return values
+
+
+def read_source(source: SourceParams, root: Path, seed: int, on_bad_rows: str = "error") -> tuple[list[dict], list[str]]:
+    """The rows of one source (`source_row`, `prompt`, `answer`, `extra`) and the messages of rows it dropped."""
+    label = source_label(source)
+    if source.kind == "generator":
+        rows = [{**row, "extra": "{}"} for row in generate_problems(root / source.path, source.count, seed, source.path)]
+        return rows, []
+    rows, dropped = [], []
+    for number, record in _records(source, root, seed):
+        try:
+            if isinstance(record, BadRow):
+                raise record
+            rows.append({"source_row": number, **map_row(record, source.columns, where(label, source.kind, number))})
+        except BadRow as error:
+            if on_bad_rows == "error":
+                raise
+            dropped.append(str(error))
+    if not rows:
+        raise RawDataError(f"{label}: no rows" + (f" left after skipping {len(dropped)} bad rows" if dropped else ""))
+    return rows, dropped
+
+
+def mix(sizes: list[int], weights: list[float], max_rows: int, seed: int) -> list[list[int]]:
+    """Indices kept from each source: shares of `max_rows` by weight, a seeded draw without replacement.
+
+    >>> [len(kept) for kept in mix([10, 10, 2], [1.0, 3.0, 4.0], 8, seed=0)]
+    [1, 3, 2]
+    """
+    exact = [max_rows * w / sum(weights) for w in weights]
+    shares = [int(e) for e in exact]
+    by_remainder = sorted(range(len(exact)), key=lambda i: (shares[i] - exact[i], i))
+    for i in by_remainder[: max_rows - sum(shares)]:
+        shares[i] += 1
+    return [sorted(random.Random(f"mix:{seed}:{i}").sample(range(size), min(size, share))) for i, (size, share) in enumerate(zip(sizes, shares))]
+
+
+def load_raw_data(params: RawDataParams, seed: int, root: Path = Path(".")) -> tuple[pa.Table, list[str]]:
+    """All sources merged into one `RAW_DATA` table, and the messages of skipped bad rows.
+
+    Raises `RawDataError` before anything is written: a failed load leaves every output as it was.
+    """
+    loaded, dropped = [], []
+    for source in params.sources:
+        rows, skipped = read_source(source, root, seed, source.on_bad_rows or params.on_bad_rows)
+        location = source_location(source, root)
+        loaded.append((source_label(source), content_hash(location), rows))
+        dropped += skipped
+    if params.max_rows is not None:
+        keep = mix([len(rows) for _, _, rows in loaded], [s.weight for s in params.sources], params.max_rows, seed)
+        loaded = [(label, digest, [rows[i] for i in indices]) for (label, digest, rows), indices in zip(loaded, keep)]
+    columns = {name: [] for name in RAW_DATA.names}
+    for label, digest, rows in loaded:
+        columns["source"] += [label] * len(rows)
+        columns["source_hash"] += [digest] * len(rows)
+        for key in ("source_row", "prompt", "answer", "extra"):
+            columns[key] += [row[key] for row in rows]
+    return pa.table(columns, schema=RAW_DATA), dropped

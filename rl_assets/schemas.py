@@ -13,15 +13,16 @@ import pyarrow.parquet as pq
 
 from rl_assets.storage import atomic_path
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: `extra` (JSON object of reward inputs) in raw_data, prompts and rollouts
 
 RAW_DATA = pa.schema(
     [
-        ("source", pa.string()),  # file path, or "generator:<templates path>"
-        ("source_hash", pa.string()),  # MD5 of the raw file the row came from
-        ("source_row", pa.int64()),  # line / row / generated index inside that source
+        ("source", pa.string()),  # file/folder path, "generator:<templates path>" or "python:<module>:<function>"
+        ("source_hash", pa.string()),  # MD5 of the raw file (folder hash, generator module file) the row came from
+        ("source_row", pa.int64()),  # 1-based line (JSONL, CSV), 0-based row (Parquet, datasets, python) or generated index
         ("prompt", pa.string()),
         ("answer", pa.string()),
+        ("extra", pa.string()),  # JSON object of the source's extra columns, passed to reward functions; "{}" when none
     ]
 )
 
@@ -36,6 +37,7 @@ PROMPTS = pa.schema(
         ("source", pa.string()),
         ("source_hash", pa.string()),
         ("source_row", pa.int64()),
+        ("extra", pa.string()),
     ]
 )
 
@@ -46,6 +48,7 @@ ROLLOUTS = pa.schema(
         ("sample_idx", pa.int32()),
         ("prompt", pa.string()),
         ("answer", pa.string()),
+        ("extra", pa.string()),  # the prompt's extra reward inputs (JSON object)
         ("completion", pa.string()),
         ("prompt_ids", pa.list_(pa.int32())),
         ("completion_ids", pa.list_(pa.int32())),

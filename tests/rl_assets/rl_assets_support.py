@@ -32,7 +32,7 @@ def prompts_table(problems: list[tuple[str, str]], splits: list[str] | None = No
     splits = splits or ["rl"] * len(problems)
     rows = [
         {"prompt_id": prompt_id(p, a), "prompt": p, "problem": p, "answer": a, "split": s, "n_tokens": len(p) + 1,
-         "source": "test", "source_hash": "0" * 32, "source_row": i}
+         "source": "test", "source_hash": "0" * 32, "source_row": i, "extra": "{}"}
         for i, ((p, a), s) in enumerate(zip(problems, splits))
     ]
     return pa.Table.from_pylist(rows, schema=PROMPTS)
@@ -40,7 +40,7 @@ def prompts_table(problems: list[tuple[str, str]], splits: list[str] | None = No
 
 def rollouts_table(rows: list[dict]) -> pa.Table:
     """A ROLLOUTS table from partial rows; the columns a test does not care about get fixed values."""
-    defaults = {"round": 1, "prompt": "1+1=", "answer": "2", "completion": "2", "prompt_ids": [1, 5, 67, 5, 71],
+    defaults = {"round": 1, "prompt": "1+1=", "answer": "2", "extra": "{}", "completion": "2", "prompt_ids": [1, 5, 67, 5, 71],
                 "completion_ids": [6, 2], "logprobs": [-1.0, -1.0], "truncated": False, "policy_id": "policy",
                 "temperature": 1.0, "top_p": 1.0, "max_new_tokens": 4, "seed": 0, "prompts_hash": "prompts"}
     return pa.Table.from_pylist([{**defaults, **row} for row in rows], schema=ROLLOUTS)

@@ -44,7 +44,7 @@ def test_repo_params_yaml_loads_with_its_values():
     assert params.train.learning_rate == pytest.approx(raw["train"]["learning_rate"])
     assert params.model.tiny.hidden_size == raw["model"]["tiny"]["hidden_size"]
     jsonl = params.raw_data.sources[1]
-    assert (jsonl.kind, jsonl.columns) == ("jsonl", {"prompt": "question", "answer": "solution"})
+    assert (jsonl.kind, jsonl.columns.prompt, jsonl.columns.answer, jsonl.columns.extra) == ("jsonl", "question", "solution", [])
     assert [f.name for f in params.rewards.functions] == ["arithmetic_answer"]
 
 
@@ -125,12 +125,12 @@ INVALID = [
     ("negative beta", _set("train/beta", -0.1), "train.beta: Input should be greater than or equal to 0"),
     ("literal device", _set("compute/device", "tpu"), "compute.device: Input should be 'auto', 'cpu' or 'cuda'"),
     ("literal algorithm", _set("train/algorithm", "ppo"), "train.algorithm: Input should be 'grpo'"),
-    ("literal source kind", _set("raw_data/sources/0/kind", "csv"), "raw_data.sources[0].kind: Input should be 'generator', 'jsonl' or 'parquet'"),
+    ("literal source kind", _set("raw_data/sources/0/kind", "xml"), "raw_data.sources[0].kind: Input should be 'generator', 'python', 'jsonl', 'csv', 'parquet' or 'hf_dataset'"),
     ("empty sources list", _set("raw_data/sources", []), "raw_data.sources: List should have at least 1 item"),
     ("empty reward functions", _set("rewards/functions", []), "rewards.functions: List should have at least 1 item"),
     ("generator without count", _delete("raw_data/sources/0/count"), "raw_data.sources[0]: Value error, a generator source needs count >= 1"),
-    ("count on a jsonl source", _set("raw_data/sources/1/count", 3), "raw_data.sources[1]: Value error, count applies to generator sources only"),
-    ("column mapping of an unknown field", _set("raw_data/sources/1/columns/id", "x"), "raw_data.sources[1]: Value error, columns maps unknown fields ['id']; allowed: ['answer', 'prompt']"),
+    ("count on a jsonl source", _set("raw_data/sources/1/count", 3), "raw_data.sources[1]: Value error, count applies to generator and python sources only"),
+    ("column mapping of an unknown field", _set("raw_data/sources/1/columns/id", "x"), "raw_data.sources[1].columns.id: unknown key"),
     ("template without {prompt}", _set("prompts/template", "Q:"), "prompts: Value error, template must contain {prompt}"),
     ("missing required section", _delete("rewards"), "rewards: Field required"),
     ("reward function without name", _delete("rewards/functions/0/name"), "rewards.functions[0].name: Field required"),

@@ -9,13 +9,14 @@ import pytest
 
 from rl_assets.config import PromptsParams
 from rl_assets.models import build_tiny_tokenizer
-from rl_assets.prompts import build_prompts, prompt_id, split_of
+from rl_assets.prompts import ChatTemplateError, build_prompts, prompt_id, split_of
 from rl_assets.schemas import PROMPTS, RAW_DATA
 
 
-def raw_table(pairs: list[tuple[str, str]]) -> pa.Table:
+def raw_table(pairs: list[tuple[str, str]], extras: list[str] | None = None) -> pa.Table:
+    extras = extras or ["{}"] * len(pairs)
     return pa.Table.from_pylist(
-        [{"source": "s.jsonl", "source_hash": "f" * 32, "source_row": i, "prompt": p, "answer": a} for i, (p, a) in enumerate(pairs)],
+        [{"source": "s.jsonl", "source_hash": "f" * 32, "source_row": i, "prompt": p, "answer": a, "extra": e} for i, ((p, a), e) in enumerate(zip(pairs, extras))],
         schema=RAW_DATA,
     )
 
@@ -100,3 +101,34 @@ def test_build_prompts_of_an_empty_table():
     table, dropped = build_prompts(raw_table([]), PromptsParams(), tokenizer)
     assert table.num_rows == 0 and table.schema.equals(PROMPTS)
     assert dropped == {"duplicates": 0, "too_long": 0}
+
+
+def test_extra_is_carried_and_does_not_enter_the_id():
+    tokenizer = build_tiny_tokenizer()
+    raw = raw_table([("1+1=", "2"), ("2+2=", "4"), ("1+1=", "2")], extras=['{"level": 1}', "{}", '{"level": 9}'])
+    table, dropped = build_prompts(raw, PromptsParams(max_prompt_tokens=64), tokenizer)
+    assert table["extra"].to_pylist() == ['{"level": 1}', "{}"]  # the duplicate (same problem and answer) is dropped, extra and all
+    assert table["prompt_id"].to_pylist()[0] == prompt_id("1+1=", "2") and dropped["duplicates"] == 1
+
+
+CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
+
+
+def test_chat_template_true_needs_a_tokenizer_that_has_one():
+    tokenizer = build_tiny_tokenizer()
+    assert not tokenizer.chat_template
+    with pytest.raises(ChatTemplateError, match=r"^prompts\.chat_template: the policy tokenizer \(\w+\) has no chat template; "
+                                                r"set chat_template to a Jinja template string, or to false$"):
+        build_prompts(raw_table([("1+1=", "2")]), PromptsParams(chat_template=True), tokenizer)
+
+
+def test_chat_template_of_the_tokenizer_or_given_in_params():
+    tokenizer = build_tiny_tokenizer()
+    params = PromptsParams(eval_fraction=0.5, max_prompt_tokens=64, template="Q: {prompt}", chat_template=CHAT)
+    table, _ = build_prompts(raw_table([("1+1=", "2")]), params, tokenizer)
+    assert table["prompt"].to_pylist() == ["<user>Q: 1+1=<assistant>"]
+    assert table["problem"].to_pylist() == ["1+1="] and table["prompt_id"].to_pylist() == [prompt_id("1+1=", "2")]
+    assert table["n_tokens"].to_pylist() == [len(tokenizer("<user>Q: 1+1=<assistant>")["input_ids"])]
+    tokenizer.chat_template = CHAT  # a tokenizer that brings its own template, as most chat models' do
+    own, _ = build_prompts(raw_table([("1+1=", "2")]), params.model_copy(update={"chat_template": True}), tokenizer)
+    assert own["prompt"].to_pylist() == ["<user>Q: 1+1=<assistant>"]

@@ -1,239 +1,116 @@
-"""raw_data.py: the seeded generator, safe arithmetic, static sources and their error messages."""
+"""raw_data.py: merging sources, lineage hashes, mixing weights, skipped bad rows, DVC inputs."""
 
 from __future__ import annotations
 
 import hashlib
 import json
-import operator
-import re
 
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
 from rl_assets.config import RawDataParams, SourceParams, load_params
-from rl_assets.raw_data import RawDataError, evaluate_expression, generate_problems, load_raw_data, read_static
+from rl_assets.raw_data import RawDataError, load_raw_data, mix, source_inputs
 from rl_assets.schemas import RAW_DATA
+from rl_assets.storage import dir_hash
 
 from rl_assets_support import REPO
+from test_raw_generators import solve, write_templates
 
-REPO_TEMPLATES = REPO / "data" / "raw" / "math_problems.json"
-
-
-PHRASINGS = [  # (pattern, operation on the two numbers in the order they appear)
-    (r"(\d+)\+(\d+)=", operator.add), (r"(\d+) plus (\d+) is", operator.add), (r"add (\d+) and (\d+):", operator.add),
-    (r"sum of (\d+) and (\d+)\?", operator.add), (r"(\d+)-(\d+)=", operator.sub), (r"(\d+) minus (\d+) is", operator.sub),
-    (r"take (\d+) from (\d+):", lambda b, a: a - b), (r"(\d+)-(\d+) is\?", operator.sub), (r"(\d+)\*(\d+)=", operator.mul),
-    (r"(\d+) times (\d+) is", operator.mul), (r"multiply (\d+) by (\d+):", operator.mul), (r"(\d+)\*(\d+) is\?", operator.mul),
-]
+MAPPING = {"prompt": "question", "answer": "solution"}
+md5 = lambda p: hashlib.md5(p.read_bytes()).hexdigest()  # noqa: E731
 
 
-def solve(prompt: str) -> int:
-    """Independent answer of a generated prompt in one of the default phrasings."""
-    for pattern, operation in PHRASINGS:
-        match = re.fullmatch(pattern, prompt)
-        if match:
-            return operation(int(match.group(1)), int(match.group(2)))
-    raise AssertionError(f"unexpected prompt {prompt!r}")
-
-
-def write_templates(folder, templates) -> str:
-    (folder / "templates.json").write_text(json.dumps({"templates": templates}))
-    return folder / "templates.json"
-
-
-# --- generator -----------------------------------------------------------------------------------
-
-
-def test_generator_is_reproducible_for_a_seed_and_differs_across_seeds():
-    first = generate_problems(REPO_TEMPLATES, 200, seed=0)
-    assert first == generate_problems(REPO_TEMPLATES, 200, seed=0)
-    assert first != generate_problems(REPO_TEMPLATES, 200, seed=1)
-    assert [row["source_row"] for row in first] == list(range(200))
-
-
-def test_generated_answers_are_correct():
-    rows = generate_problems(REPO_TEMPLATES, 500, seed=3)
-    assert {op for row in rows for op in "+-*" if op in row["prompt"]} == {"+", "-", "*"}  # every template drawn
-    for row in rows:
-        assert row["answer"] == str(solve(row["prompt"])), row
-
-
-def test_generator_evaluates_nested_expressions_within_ranges(tmp_path):
-    path = write_templates(tmp_path, [{"prompt": "({a}+{b})*{c}//{d}=", "answer": "(a+b)*c//d", "ranges": {"a": [0, 9], "b": [5, 5], "c": [-3, 3], "d": [1, 4]}}])
-    for row in generate_problems(path, 100, seed=0):
-        a, b, c, d = map(int, re.fullmatch(r"\((-?\d+)\+(-?\d+)\)\*(-?\d+)//(-?\d+)=", row["prompt"]).groups())
-        assert 0 <= a <= 9 and b == 5 and -3 <= c <= 3 and 1 <= d <= 4
-        assert row["answer"] == str((a + b) * c // d)
-
-
-def test_generator_template_weight_zero_is_never_drawn(tmp_path):
-    path = write_templates(tmp_path, [
-        {"prompt": "{a}+{b}=", "answer": "a+b", "ranges": {"a": [0, 9], "b": [0, 9]}, "weight": 1},
-        {"prompt": "{a}*{b}=", "answer": "a*b", "ranges": {"a": [0, 9], "b": [0, 9]}, "weight": 0},
-    ])
-    assert all("+" in row["prompt"] for row in generate_problems(path, 100, seed=0))
-
-
-@pytest.mark.parametrize("content,expected", [
-    ("not json", "not a templates file"),
-    (json.dumps({"other": []}), "not a templates file"),
-    (json.dumps({"templates": []}), "'templates' is empty"),
-    (json.dumps({"templates": [{"prompt": "{a}=", "answer": "a+c", "ranges": {"a": [0, 1]}}]}), "templates[0]: ValueError: unsupported element"),
-    (json.dumps({"templates": [{"prompt": "{a}=", "answer": "a", "ranges": {"b": [0, 1]}}]}), "templates[0]: KeyError"),
-    (json.dumps({"templates": [{"prompt": "{a}=", "answer": "1//a", "ranges": {"a": [0, 0]}}]}), "templates[0]: ZeroDivisionError"),
-    (json.dumps({"templates": [{"prompt": "{a}=", "answer": "a +", "ranges": {"a": [0, 1]}}]}), "templates[0]: SyntaxError"),
-], ids=["not json", "no templates key", "empty templates", "unknown variable", "prompt variable without range",
-        "division by zero", "answer syntax error"])
-def test_bad_templates_files_name_the_file_and_template(tmp_path, content, expected):
-    path = tmp_path / "templates.json"
-    path.write_text(content)
-    with pytest.raises(RawDataError) as caught:
-        generate_problems(path, 3, seed=0)
-    assert str(caught.value).startswith(f"{path}: ") and expected in str(caught.value)
-
-
-# --- evaluate_expression -------------------------------------------------------------------------
-
-
-@pytest.mark.parametrize("expression,variables,expected", [
-    ("a+b", {"a": 2, "b": 3}, 5),
-    ("a-b", {"a": 2, "b": 3}, -1),
-    ("a*(b-3)", {"a": 4, "b": 5}, 8),
-    ("a//b", {"a": 7, "b": 2}, 3),
-    ("a%b", {"a": 7, "b": 3}, 1),
-    ("-a+10", {"a": 4}, 6),
-    ("-(a*b)", {"a": -2, "b": 3}, 6),
-    ("12", {}, 12),
-])
-def test_evaluate_expression(expression, variables, expected):
-    assert evaluate_expression(expression, variables) == expected
-
-
-@pytest.mark.parametrize("expression", [
-    "c+1",  # a name not given
-    "__import__('os')",
-    "a**2",
-    "a/2",  # true division would give floats
-    "a.real",
-    "'1'",
-    "1.5",
-    "[a]",
-    "a if a else 1",
-])
-def test_evaluate_expression_rejects_anything_else(expression):
-    with pytest.raises(ValueError, match="unsupported element"):
-        evaluate_expression(expression, {"a": 3})
-
-
-# --- static sources -----------------------------------------------------------------------------
-
-
-def jsonl(tmp_path, lines: list, name="extra.jsonl") -> SourceParams:
-    text = "".join((line if isinstance(line, str) else json.dumps(line)) + "\n" for line in lines)
-    (tmp_path / name).write_text(text)
-    return SourceParams(kind="jsonl", path=name, columns={"prompt": "question", "answer": "solution"})
-
-
-def test_jsonl_with_column_mapping(tmp_path):
-    source = jsonl(tmp_path, [{"question": " 6+3= ", "solution": 9, "id": 1}, "", {"question": "1-2=", "solution": "-1"}])
-    assert read_static(source, tmp_path) == [
-        {"source_row": 1, "prompt": "6+3=", "answer": "9"},  # stripped; a number becomes text
-        {"source_row": 3, "prompt": "1-2=", "answer": "-1"},  # blank lines are skipped but still counted
-    ]
-
-
-GOOD = {"question": "1+1=", "solution": "2"}
-
-
-@pytest.mark.parametrize("second_line,expected", [
-    ("{not json", "extra.jsonl:2: invalid JSON"),
-    ("[1, 2]", "extra.jsonl:2: expected a JSON object, got list"),
-    ('"text"', "extra.jsonl:2: expected a JSON object, got str"),
-    ({"prompt": "1+1=", "solution": "2"}, "extra.jsonl: line 2: missing column 'question' (mapped to prompt)"),
-    ({"question": "1+1="}, "extra.jsonl: line 2: missing column 'solution' (mapped to answer)"),
-    ({"question": "   ", "solution": "2"}, "extra.jsonl: line 2: empty prompt in column 'question'"),
-    ({"question": None, "solution": "2"}, "extra.jsonl: line 2: column 'question' must be text or a number, got NoneType"),
-    ({"question": "1+1=", "solution": True}, "extra.jsonl: line 2: column 'solution' must be text or a number, got bool"),
-    ({"question": "1+1=", "solution": [2]}, "extra.jsonl: line 2: column 'solution' must be text or a number, got list"),
-], ids=["invalid json", "array line", "string line", "missing prompt column", "missing answer column", "empty prompt",
-        "null value", "bool value", "list value"])
-def test_jsonl_errors_name_file_and_line(tmp_path, second_line, expected):
-    source = jsonl(tmp_path, [GOOD, second_line])
-    with pytest.raises(RawDataError) as caught:
-        read_static(source, tmp_path)
-    assert expected in str(caught.value)
-
-
-def test_jsonl_that_is_not_utf8_is_refused_naming_the_file(tmp_path):
-    (tmp_path / "extra.jsonl").write_bytes(json.dumps(GOOD).encode() + b'\n{"question": "\xff", "solution": "1"}\n')
-    source = SourceParams(kind="jsonl", path="extra.jsonl", columns={"prompt": "question", "answer": "solution"})
-    with pytest.raises(RawDataError, match=r"^extra\.jsonl:2: not UTF-8 text"):
-        read_static(source, tmp_path)
-
-
-def test_jsonl_that_is_not_utf8_names_the_line_or_true_offset(tmp_path):
-    lines = [json.dumps({"question": f"{i}+1=", "solution": str(i + 1)}) for i in range(900)]
-    data = ("\n".join(lines) + "\n").encode() + b'{"question": "\xff", "solution": "1"}\n'
-    (tmp_path / "extra.jsonl").write_bytes(data)
-    source = SourceParams(kind="jsonl", path="extra.jsonl", columns={"prompt": "question", "answer": "solution"})
-    with pytest.raises(RawDataError) as caught:
-        read_static(source, tmp_path)
-    message, offset = str(caught.value), data.index(b"\xff")
-    assert "901" in message or f"byte {offset}" in message
-
-
-def test_missing_static_file(tmp_path):
-    with pytest.raises(RawDataError, match=r"^nope\.jsonl: file not found$"):
-        read_static(SourceParams(kind="jsonl", path="nope.jsonl"), tmp_path)
-
-
-def test_parquet_source_with_column_mapping(tmp_path):
-    pq.write_table(pa.table({"q": ["2*3=", "7-9="], "a": [6, -2], "other": [0.5, 1.5]}), tmp_path / "p.parquet")
-    source = SourceParams(kind="parquet", path="p.parquet", columns={"prompt": "q", "answer": "a"})
-    assert read_static(source, tmp_path) == [
-        {"source_row": 0, "prompt": "2*3=", "answer": "6"},
-        {"source_row": 1, "prompt": "7-9=", "answer": "-2"},
-    ]
-
-
-def test_parquet_source_errors_name_the_row(tmp_path):
-    pq.write_table(pa.table({"q": ["2*3=", ""], "a": ["6", "0"]}), tmp_path / "p.parquet")
-    source = SourceParams(kind="parquet", path="p.parquet", columns={"prompt": "q", "answer": "a"})
-    with pytest.raises(RawDataError, match=r"^p\.parquet: row 1: empty prompt in column 'q'$"):
-        read_static(source, tmp_path)
-
-
-def test_a_file_that_is_not_parquet_is_refused(tmp_path):
-    (tmp_path / "p.parquet").write_text("hello")
-    with pytest.raises(RawDataError, match=r"^p\.parquet: not a Parquet file"):
-        read_static(SourceParams(kind="parquet", path="p.parquet"), tmp_path)
-
-
-# --- load_raw_data -------------------------------------------------------------------------------
+def write_jsonl(path, records) -> None:
+    path.write_text("".join((r if isinstance(r, str) else json.dumps(r)) + "\n" for r in records))
 
 
 def test_load_raw_data_tags_rows_with_source_and_md5(tmp_path):
     templates = write_templates(tmp_path, [{"prompt": "{a}+{b}=", "answer": "a+b", "ranges": {"a": [0, 9], "b": [0, 9]}}])
-    jsonl(tmp_path, [GOOD, {"question": "2+2=", "solution": "4"}])
+    write_jsonl(tmp_path / "extra.jsonl", [{"question": "1+1=", "solution": "2"}, {"question": "2+2=", "solution": "4"}])
     params = RawDataParams(sources=[
         SourceParams(kind="generator", path="templates.json", count=5),
-        SourceParams(kind="jsonl", path="extra.jsonl", columns={"prompt": "question", "answer": "solution"}),
+        SourceParams(kind="jsonl", path="extra.jsonl", columns=MAPPING),
     ])
-    table = load_raw_data(params, seed=0, root=tmp_path)
-    assert table.schema.equals(RAW_DATA)
-    md5 = lambda p: hashlib.md5(p.read_bytes()).hexdigest()  # noqa: E731
+    table, dropped = load_raw_data(params, seed=0, root=tmp_path)
+    assert table.schema.equals(RAW_DATA) and dropped == []
     assert table["source"].to_pylist() == ["generator:templates.json"] * 5 + ["extra.jsonl"] * 2
     assert table["source_hash"].to_pylist() == [md5(templates)] * 5 + [md5(tmp_path / "extra.jsonl")] * 2
     assert table["source_row"].to_pylist() == [0, 1, 2, 3, 4, 1, 2]
     assert table["prompt"].to_pylist()[5:] == ["1+1=", "2+2="]
-    assert table.slice(0, 5).to_pylist() == load_raw_data(RawDataParams(sources=params.sources[:1]), seed=0, root=tmp_path).to_pylist()
+    assert table["extra"].to_pylist() == ["{}"] * 7
+    alone, _ = load_raw_data(RawDataParams(sources=params.sources[:1]), seed=0, root=tmp_path)
+    assert table.slice(0, 5).to_pylist() == alone.to_pylist()
 
 
-def test_load_raw_data_on_the_repo_params():
+def test_every_kind_reaches_the_table_with_its_content_hash(tmp_path):
+    datasets = pytest.importorskip("datasets")
+    write_jsonl(tmp_path / "a.jsonl", [{"question": "1+1=", "solution": "2"}])
+    (tmp_path / "b.csv").write_text("question,solution\n2+2=,4\n")
+    pq.write_table(pa.table({"question": ["3+3="], "solution": ["6"]}), tmp_path / "c.parquet")
+    datasets.Dataset.from_dict({"question": ["4+4="], "solution": ["8"]}).save_to_disk(str(tmp_path / "d"))
+    (tmp_path / "lineage_gen.py").write_text("def rows(count, seed):\n    return [{'question': f'{seed}+5=', 'solution': str(seed + 5)}] * count\n")
+    sources = [SourceParams(kind=k, path=p, columns=MAPPING) for k, p in (("jsonl", "a.jsonl"), ("csv", "b.csv"), ("parquet", "c.parquet"), ("hf_dataset", "d"))]
+    sources.append(SourceParams(kind="python", function="lineage_gen:rows", count=2, columns=MAPPING))
+    table, _ = load_raw_data(RawDataParams(sources=sources), seed=3, root=tmp_path)
+    assert list(zip(table["source"].to_pylist(), table["source_hash"].to_pylist(), table["prompt"].to_pylist())) == [
+        ("a.jsonl", md5(tmp_path / "a.jsonl"), "1+1="),
+        ("b.csv", md5(tmp_path / "b.csv"), "2+2="),
+        ("c.parquet", md5(tmp_path / "c.parquet"), "3+3="),
+        ("d", dir_hash(tmp_path / "d"), "4+4="),
+        ("python:lineage_gen:rows", md5(tmp_path / "lineage_gen.py"), "3+5="),
+        ("python:lineage_gen:rows", md5(tmp_path / "lineage_gen.py"), "3+5="),
+    ]
+    assert source_inputs(RawDataParams(sources=sources), tmp_path) == ["a.jsonl", "b.csv", "c.parquet", "d", "lineage_gen.py"]
+
+
+def test_source_inputs_leave_out_modules_outside_the_project(tmp_path):
+    params = RawDataParams(sources=[SourceParams(kind="python", function="json:loads", count=1),  # the standard library's json
+                                    SourceParams(kind="python", function="not_there_xyz:rows", count=1),
+                                    SourceParams(kind="generator", path="data/t.json", count=1)])
+    assert source_inputs(params, tmp_path) == ["data/t.json"]
+
+
+def test_skip_collects_bad_rows_of_every_source_and_a_source_can_override(tmp_path):
+    write_jsonl(tmp_path / "a.jsonl", [{"question": "1+1=", "solution": "2"}, "{oops", {"question": "", "solution": "0"}])
+    (tmp_path / "b.csv").write_text("question,solution\n2+2=,4\n3+3=\n")
+    skip_all = RawDataParams(on_bad_rows="skip", sources=[SourceParams(kind="jsonl", path="a.jsonl", columns=MAPPING),
+                                                          SourceParams(kind="csv", path="b.csv", columns=MAPPING)])
+    table, dropped = load_raw_data(skip_all, seed=0, root=tmp_path)
+    assert table["prompt"].to_pylist() == ["1+1=", "2+2="]
+    assert dropped == ["a.jsonl:2: invalid JSON (Expecting property name enclosed in double quotes at column 2)",
+                       "a.jsonl:3: empty prompt in column 'question'", "b.csv:3: expected 2 fields as in the header, got 1"]
+    strict_csv = RawDataParams(on_bad_rows="skip", sources=[skip_all.sources[0], skip_all.sources[1].model_copy(update={"on_bad_rows": "error"})])
+    with pytest.raises(RawDataError, match=r"^b\.csv:3: expected 2 fields as in the header, got 1$"):
+        load_raw_data(strict_csv, seed=0, root=tmp_path)
+
+
+def test_mix_shares_follow_the_weights_and_the_draw_is_seeded():
+    assert [len(k) for k in mix([100, 100, 100], [1.0, 1.0, 2.0], 10, seed=0)] == [3, 2, 5]  # 2.5, 2.5, 5: remainders to the first
+    assert [len(k) for k in mix([100, 1], [1.0, 1.0], 10, seed=0)] == [5, 1]  # a small source gives all it has
+    first = mix([100, 100], [1.0, 3.0], 40, seed=0)
+    assert first == mix([100, 100], [1.0, 3.0], 40, seed=0) != mix([100, 100], [1.0, 3.0], 40, seed=1)
+    assert all(kept == sorted(set(kept)) for kept in first)  # without replacement, in source order
+
+
+def test_max_rows_mixes_sources_by_weight(tmp_path):
+    write_templates(tmp_path, [{"prompt": "{a}+{b}=", "answer": "a+b", "ranges": {"a": [0, 99], "b": [0, 99]}}])
+    write_jsonl(tmp_path / "s.jsonl", [{"question": f"{i}*2=", "solution": str(2 * i)} for i in range(50)])
+    sources = [SourceParams(kind="generator", path="templates.json", count=200, weight=3.0),
+               SourceParams(kind="jsonl", path="s.jsonl", columns=MAPPING, weight=1.0)]
+    table, _ = load_raw_data(RawDataParams(sources=sources, max_rows=40), seed=0, root=tmp_path)
+    sources_column = table["source"].to_pylist()
+    assert (sources_column.count("generator:templates.json"), sources_column.count("s.jsonl")) == (30, 10)
+    full, _ = load_raw_data(RawDataParams(sources=sources[1:2]), seed=0, root=tmp_path)
+    assert set(table.filter(pa.compute.equal(table["source"], "s.jsonl"))["prompt"].to_pylist()) < set(full["prompt"].to_pylist())
+
+
+def test_load_raw_data_on_the_repo_params_is_unchanged():
     params = load_params(REPO / "params.yaml")
-    table = load_raw_data(params.raw_data, params.seed, root=REPO)
+    table, dropped = load_raw_data(params.raw_data, params.seed, root=REPO)
     extra_lines = sum(1 for line in (REPO / "data/raw/arithmetic_extra.jsonl").read_text().splitlines() if line.strip())
-    assert table.num_rows == params.raw_data.sources[0].count + extra_lines
+    assert table.num_rows == params.raw_data.sources[0].count + extra_lines and dropped == []
     generated = table.filter(pa.compute.starts_with(table["source"], "generator:")).to_pylist()
     assert all(row["answer"] == str(solve(row["prompt"])) for row in generated)
+    # the seeded draw of the documented default run (seed 0) must not move
+    assert [(r["prompt"], r["answer"]) for r in generated[:3]] == [("multiply 6 by 0:", "0"), ("sum of 8 and 7?", "15"), ("4-7=", "-3")]

@@ -11,15 +11,15 @@ from rl_assets.schemas import (EVALUATION, PROMPTS, RAW_DATA, ROLLOUTS, SCHEMA_V
 
 SAMPLES = {
     "raw_data": (RAW_DATA, [
-        {"source": "generator:t.json", "source_hash": "a" * 32, "source_row": 0, "prompt": "1+2=", "answer": "3"},
-        {"source": "x.jsonl", "source_hash": "b" * 32, "source_row": 7, "prompt": "9-12=", "answer": "-3"},
+        {"source": "generator:t.json", "source_hash": "a" * 32, "source_row": 0, "prompt": "1+2=", "answer": "3", "extra": "{}"},
+        {"source": "x.jsonl", "source_hash": "b" * 32, "source_row": 7, "prompt": "9-12=", "answer": "-3", "extra": '{"tests": ["a"]}'},
     ]),
     "prompts": (PROMPTS, [
         {"prompt_id": "0123456789abcdef", "prompt": "Q: 1+2=", "problem": "1+2=", "answer": "3", "split": "train",
-         "n_tokens": 8, "source": "x.jsonl", "source_hash": "c" * 32, "source_row": 1},
+         "n_tokens": 8, "source": "x.jsonl", "source_hash": "c" * 32, "source_row": 1, "extra": '{"level": 2}'},
     ]),
     "rollouts": (ROLLOUTS, [
-        {"round": 1, "prompt_id": "p", "sample_idx": s, "prompt": "1+2=", "answer": "3", "completion": "3",
+        {"round": 1, "prompt_id": "p", "sample_idx": s, "prompt": "1+2=", "answer": "3", "extra": "{}", "completion": "3",
          "prompt_ids": [1, 5, 67, 6, 71], "completion_ids": [7, 2][: s + 1], "logprobs": [-0.5, -1.25][: s + 1],
          "truncated": s == 0, "policy_id": "ckpt", "temperature": 1.0, "top_p": 0.5, "max_new_tokens": 4, "seed": 1001,
          "prompts_hash": "h"}
@@ -60,7 +60,7 @@ def test_rollout_list_columns_keep_their_element_types(tmp_path):
 def test_write_table_casts_and_orders_columns_and_drops_extras(tmp_path):
     rows = SAMPLES["raw_data"][1]
     # Columns in another order, default int64/str types, plus a column the schema does not have.
-    table = pa.table({"answer": [r["answer"] for r in rows], "extra": [1, 2], **{k: [r[k] for r in rows] for k in ("prompt", "source_row", "source_hash", "source")}})
+    table = pa.table({"answer": [r["answer"] for r in rows], "unknown": [1, 2], **{k: [r[k] for r in rows] for k in ("extra", "prompt", "source_row", "source_hash", "source")}})
     back = read_table(write_table(table, tmp_path / "raw.parquet", RAW_DATA, "raw_data"), "raw_data")
     assert back.column_names == RAW_DATA.names
     assert back.to_pylist() == rows
@@ -86,7 +86,7 @@ def test_read_table_refuses_another_schema_name(tmp_path):
 def test_read_table_refuses_a_plain_parquet_file(tmp_path):
     path = tmp_path / "plain.parquet"
     pq.write_table(pa.Table.from_pylist(SAMPLES["raw_data"][1], schema=RAW_DATA), path)
-    with pytest.raises(ValueError, match=r"expected table 'raw_data' v1, found '\?' v\?"):
+    with pytest.raises(ValueError, match=rf"expected table 'raw_data' v{SCHEMA_VERSION}, found '\?' v\?"):
         read_table(path, "raw_data")
 
 
@@ -109,7 +109,7 @@ def test_write_table_refuses_missing_columns_and_leaves_no_file(tmp_path):
     path = tmp_path / "raw.parquet"
     with pytest.raises(ValueError) as caught:
         write_table(table, path, RAW_DATA, "raw_data")
-    assert str(caught.value) == f"{path}: table 'raw_data' lacks columns ['answer', 'source_row']"
+    assert str(caught.value) == f"{path}: table 'raw_data' lacks columns ['answer', 'extra', 'source_row']"
     assert list(tmp_path.iterdir()) == []
 
 

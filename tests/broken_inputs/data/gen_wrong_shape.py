@@ -1,0 +1,2 @@
+def rows(count, seed):
+    return {"prompt": "1+1=", "answer": "2"}
