@@ -5,8 +5,11 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DVC := .venv-dvc/bin/dvc
 export DAGSTER_HOME := $(CURDIR)/.dagster
+# The UI and TensorBoard listen on loopback only unless told otherwise: make ui HOST=0.0.0.0
+HOST ?= 127.0.0.1
+PORT ?= 3000
 
-.PHONY: setup run test ui repro dvc-sync bench tensorboard clean
+.PHONY: setup run test ui repro dvc-sync bench tensorboard browser clean
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -31,11 +34,23 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 run: setup
 	$(PY) -m pipelines run
 
-test: setup
+test: setup browser
 	$(PY) -m pytest -q
 
+# The browser test drives Debian's chromium: installed here when we are root with apt, else that test skips.
+browser:
+	@command -v chromium >/dev/null 2>&1 || command -v chromium-browser >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
+	  echo "chromium not installed (needs root and apt): the browser test will skip"
+
 ui: setup
-	$(VENV)/bin/dagster dev -h 127.0.0.1 -p 3000 -w workspace.yaml
+	$(VENV)/bin/dagster dev -h $(HOST) -p $(PORT) -w workspace.yaml
+
+# Per-step training curves (each checkpoint card's history) and curves by round, rebuilt from what the run recorded.
+tensorboard: setup
+	$(PY) -m rl_assets.tracking .
+	$(VENV)/bin/tensorboard --logdir data/tensorboard --host $(HOST) --port 6006
 
 repro: setup
 	PATH=$(CURDIR)/.venv-dvc/bin:$$PATH $(DVC) repro

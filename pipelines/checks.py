@@ -82,7 +82,7 @@ def _checkpoint(n: int):
             return {**found, "lineage": lambda: guards.checkpoint_lineage(path, None, {"prompts": output_path("prompts")})}
         tables = {t: output_path(f"{round_prefix(n)}/{t}") for t in ("rollouts", "rewards")}
         return {**found,
-                "kl_within_limit": lambda: guards.kl_within_limit(card().get("metrics") or {}, p.guards.kl_max),
+                "kl_within_limit": lambda: guards.kl_within_limit(guards.reference_kl(card()), p.guards.kl_max),
                 "entropy_not_collapsed": lambda: guards.entropy_not_collapsed(card().get("metrics") or {}, p.guards.entropy_min),
                 "lineage": lambda: guards.checkpoint_lineage(path, output_path(checkpoint_key(n - 1)), tables)}
 

@@ -26,15 +26,23 @@ def _skipped(why: str) -> Check:
     return True, SKIPPED + why, {"skipped": True}
 
 
-def kl_within_limit(metrics: dict, limit: float) -> Check:
+def reference_kl(card: dict) -> float | None:
+    """A checkpoint's KL to the reference policy: `kl` when training reports it, else `kl_ref` when the KL
+    penalty was on (train.beta > 0); with beta 0 `kl_ref` is a constant 0, not a measurement."""
+    metrics = card.get("metrics") or {}
+    if "kl" in metrics:
+        return metrics["kl"]
+    return metrics.get("kl_ref") if (card.get("train") or {}).get("beta", 0) > 0 else None
+
+
+def kl_within_limit(kl: float | None, limit: float) -> Check:
     """KL of the trained policy to the reference at most `limit`.
 
-    >>> kl_within_limit({"kl": 0.05}, 0.03)[:2]
+    >>> kl_within_limit(0.05, 0.03)[:2]
     (False, 'kl=0.05 > kl_max=0.03')
     """
-    kl = metrics.get("kl")
     if kl is None:
-        return _skipped("the checkpoint's metrics have no 'kl' (KL to the reference was not measured)")
+        return _skipped("KL to the reference was not measured (no 'kl' metric, and train.beta is 0 so 'kl_ref' is not one)")
     if not math.isfinite(kl):
         return False, f"kl={kl} is not finite", {"kl": str(kl)}
     return kl <= limit, f"kl={kl:.4g} {'<=' if kl <= limit else '>'} kl_max={limit:g}", {"kl": kl, "kl_max": limit}
@@ -70,7 +78,7 @@ def checkpoint_guards(card: dict, guards: GuardsParams) -> dict[str, Check]:
     metrics = card.get("metrics") or {}
     checks = {"metrics_finite": metrics_finite(metrics)}
     if card.get("round", 0) > 0:
-        checks["kl_within_limit"] = kl_within_limit(metrics, guards.kl_max)
+        checks["kl_within_limit"] = kl_within_limit(reference_kl(card), guards.kl_max)
         checks["entropy_not_collapsed"] = entropy_not_collapsed(metrics, guards.entropy_min)
     return checks
 

@@ -209,10 +209,23 @@ def run_promotion(params: Params, root: Path, device: str) -> tuple[dict, Path]:
                       [f"| {c['checkpoint']} | {c.get('sampled', 0):.3f} | {c.get('greedy', 0):.3f} | {', '.join(c['failed']) or '-'} |" for c in ranked])
     card = read_card(models / "promoted")
     metadata = {"promoted": promoted, "reason": reason, "checkpoint_id": card["checkpoint_id"], "source": card["source"],
-                "sampled_accuracy": card["evaluation"]["sampled"], "candidates": {"type": "md", "raw_value": table}}
+                "sampled_accuracy": card["evaluation"]["sampled"], "candidates": {"type": "md", "raw_value": table},
+                "rounds": {"type": "md", "raw_value": _rounds_plot(root)}}
     if current_accuracy is not None:
         metadata["previous_sampled_accuracy"] = current_accuracy
     return metadata, models / "promoted"
+
+
+def _rounds_plot(root: Path) -> str:
+    """Reward, accuracy, KL, loss and entropy by round, as an inline image for the UI."""
+    import base64
+    import tempfile
+
+    from rl_assets.tracking import round_rows, rounds_figure
+
+    with tempfile.TemporaryDirectory() as tmp:
+        png = rounds_figure(round_rows(root), Path(tmp) / "rounds.png").read_bytes()
+    return f"![metrics by round](data:image/png;base64,{base64.b64encode(png).decode()})"
 
 
 def _evaluate(path: Path, params: Params, root: Path, device: str) -> float:

@@ -14,13 +14,20 @@ from rl_assets.schemas import read_table
 
 
 def test_kl_passes_at_the_limit_and_fails_above_it():
-    assert guards.kl_within_limit({"kl": 0.03}, 0.03)[0]
-    passed, description, metadata = guards.kl_within_limit({"kl": 0.031}, 0.03)
+    assert guards.kl_within_limit(0.03, 0.03)[0]
+    passed, description, metadata = guards.kl_within_limit(0.031, 0.03)
     assert not passed and "kl_max=0.03" in description and metadata["kl"] == 0.031
-    assert not guards.kl_within_limit({"kl": math.nan}, 0.03)[0]
+    assert not guards.kl_within_limit(math.nan, 0.03)[0]
 
 
-@pytest.mark.parametrize("guard", [lambda m: guards.kl_within_limit(m, 0.03), lambda m: guards.entropy_not_collapsed(m, 0.01)])
+def test_reference_kl_is_kl_or_a_measured_kl_ref():
+    assert guards.reference_kl({"metrics": {"kl": 0.2, "kl_ref": 0.1}, "train": {"beta": 0.04}}) == 0.2
+    assert guards.reference_kl({"metrics": {"kl_ref": 0.1}, "train": {"beta": 0.04}}) == 0.1
+    assert guards.reference_kl({"metrics": {"kl_ref": 0.0}, "train": {"beta": 0.0}}) is None  # penalty off: not measured
+
+
+@pytest.mark.parametrize("guard", [lambda m: guards.kl_within_limit(guards.reference_kl({"metrics": m}), 0.03),
+                                   lambda m: guards.entropy_not_collapsed(m, 0.01)])
 def test_a_missing_metric_is_a_skip_that_says_so(guard):
     passed, description, metadata = guard({"loss": 1.0})
     assert passed and description.startswith(guards.SKIPPED) and metadata == {"skipped": True}

@@ -29,6 +29,7 @@ def test_first_promotion_copies_the_best_checkpoint_with_a_card_and_history(tmp_
     assert card["rewards"]["functions"][0]["name"] == "arithmetic_answer"
     assert [r["path"] for r in card["data"]["raw"]] == ["data/raw/extra.jsonl"]
     assert "r01/checkpoint" in (promoted / "README.md").read_text()
+    assert metadata["rounds"]["raw_value"].startswith("![metrics by round](data:image/png;base64,")
     assert [e["event"] for e in promotion.history(root / "models")] == ["promote"]
     assert weights_hash(root / "models/versions" / best) == best
 
