@@ -126,10 +126,13 @@ def table_schema(path: Path, name: str) -> Check:
 
 def sources_match_files(table: pa.Table, root: Path) -> Check:
     """Every row's raw source still has the hash recorded in the row (raw_data and prompts)."""
+    from rl_assets.raw_data import labelled_location
+    from rl_assets.storage import content_hash
+
     changed = []
     for source, recorded in {(s, h) for s, h in zip(table["source"].to_pylist(), table["source_hash"].to_pylist())}:
-        path = root / source.removeprefix("generator:")
-        if not path.is_file() or file_hash(path) != recorded:
+        path = labelled_location(source, root)  # a file, a datasets folder, or a generator's module
+        if path is None or not path.exists() or content_hash(path) != recorded:
             changed.append(source)
     return not changed, f"changed or missing since read: {sorted(changed)}" if changed else "every raw source matches its recorded hash", {}
 

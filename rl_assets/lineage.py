@@ -14,13 +14,14 @@ import duckdb
 
 from rl_assets.checkpoints import read_lineage
 from rl_assets.paths import checkpoint_key, output_path, round_prefix
-from rl_assets.storage import file_hash
+from rl_assets.raw_data import labelled_location
+from rl_assets.storage import content_hash
 
 
 def _hash_status(path: Path, recorded: str | None) -> str:
-    if not path.is_file():
+    if not path.exists():
         return "missing"
-    return "ok" if recorded is None or file_hash(path) == recorded else "changed since recorded"
+    return "ok" if recorded is None or content_hash(path) == recorded else "changed since recorded"
 
 
 def _query(connection, sql: str, path: Path, step: dict):
@@ -75,7 +76,7 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dic
             step["error"] = f"unreadable: {str(error).splitlines()[0]}"
     steps.append(step)
     for source in step.get("sources", []):
-        raw_path = root / source["source"].removeprefix("generator:")
+        raw_path = labelled_location(source["source"], root) or root / source["source"]
         steps.append({"kind": "raw", "path": str(raw_path), "hash": source["source_hash"], "status": _hash_status(raw_path, source["source_hash"])})
     return steps
 

@@ -35,7 +35,7 @@ from rl_assets.raw_generators import evaluate_expression, generate_problems, mod
 from rl_assets.schemas import RAW_DATA
 from rl_assets.storage import content_hash
 
-__all__ = ["RawDataError", "evaluate_expression", "generate_problems", "load_raw_data", "read_source", "source_inputs", "source_label"]
+__all__ = ["RawDataError", "evaluate_expression", "generate_problems", "labelled_location", "load_raw_data", "read_source", "source_inputs", "source_label"]
 
 
 def source_label(source: SourceParams) -> str:
@@ -51,9 +51,21 @@ def source_label(source: SourceParams) -> str:
 
 def source_location(source: SourceParams, root: Path) -> Path | None:
     """The file or folder whose content hash identifies the source (None: a python module not found)."""
-    if source.kind == "python":
-        return module_file(source.function.partition(":")[0], root)
-    return root / source.path
+    return labelled_location(source_label(source), root)
+
+
+def labelled_location(label: str, root: Path) -> Path | None:
+    """The file or folder a `source` column value names, so lineage and checks can re-hash it.
+
+    >>> labelled_location("generator:data/raw/t.json", Path("."))
+    PosixPath('data/raw/t.json')
+    """
+    kind, _, rest = label.partition(":")
+    if kind == "generator":
+        return root / rest
+    if kind == "python":
+        return module_file(rest.partition(":")[0], root)
+    return root / label
 
 
 def source_inputs(params: RawDataParams, root: Path = Path(".")) -> list[str]:

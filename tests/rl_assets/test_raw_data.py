@@ -10,9 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from rl_assets.config import RawDataParams, SourceParams, load_params
-from rl_assets.raw_data import RawDataError, load_raw_data, mix, source_inputs
+from rl_assets.raw_data import RawDataError, labelled_location, load_raw_data, mix, source_inputs
 from rl_assets.schemas import RAW_DATA
-from rl_assets.storage import dir_hash
+from rl_assets.storage import content_hash, dir_hash
 
 from rl_assets_support import REPO
 from test_raw_generators import solve, write_templates
@@ -62,6 +62,9 @@ def test_every_kind_reaches_the_table_with_its_content_hash(tmp_path):
         ("python:lineage_gen:rows", md5(tmp_path / "lineage_gen.py"), "3+5="),
     ]
     assert source_inputs(RawDataParams(sources=sources), tmp_path) == ["a.jsonl", "b.csv", "c.parquet", "d", "lineage_gen.py"]
+    # lineage and the sources_unchanged check find each source again from its label alone
+    for label, digest in set(zip(table["source"].to_pylist(), table["source_hash"].to_pylist())):
+        assert content_hash(labelled_location(label, tmp_path)) == digest, label
 
 
 def test_source_inputs_leave_out_modules_outside_the_project(tmp_path):
