@@ -8,6 +8,7 @@ from dagster import AssetSelection, Definitions, PipesSubprocessClient, define_a
 from pipelines.assets import base_checkpoint, evaluation_asset, prompts, raw_data
 from pipelines.checks import asset_checks
 from pipelines.promotion import promoted_model
+from pipelines.reward_model import reward_model_asset
 from pipelines.rounds import round_assets
 from pipelines.schedules import raw_data_sensor, retrain_schedule
 from pipelines.steps import ParamsResource, load_project_params
@@ -19,6 +20,8 @@ assets = [raw_data, prompts, base_checkpoint]
 for n in range(1, ROUNDS + 1):
     assets += round_assets(n)
 assets += [evaluation_asset(ROUNDS), promoted_model]
+if (reward_model := reward_model_asset()) is not None:  # only when params configure one
+    assets.append(reward_model)
 
 # Runs that write the project's data queue behind each other (dagster.yaml limits this tag to one at a time).
 rl_pipeline = define_asset_job("rl_pipeline", selection=AssetSelection.all(), tags={"rl_assets/writes": "data"},

@@ -8,8 +8,10 @@ Dagster's lineage view and dvc.lock show the whole chain.
 from dagster import AssetExecutionContext, AssetKey, AssetsDefinition, MaterializeResult, PipesSubprocessClient, asset
 
 from pipelines.assets import COMPUTE_TAGS, TRAINING_RETRY, dvc_meta
+from pipelines.reward_model import uses_reward_model
 from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute
 from rl_assets.paths import checkpoint_key, output_path, round_prefix
+from rl_assets.rewards import reward_config_hash
 
 
 def round_assets(n: int) -> list[AssetsDefinition]:
@@ -29,13 +31,17 @@ def round_assets(n: int) -> list[AssetsDefinition]:
     def rollouts(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
         return run_compute(context, pipes, params, "rollouts", n)
 
+    # code_version = hash of the `rewards` section: after editing only that section the UI shows this
+    # asset as changed and the rollouts as up to date (as `dvc status` does); once it is rescored, what
+    # follows shows as stale.
     @asset(
         key=AssetKey([prefix, "rewards"]),
-        deps=[rollouts],
+        deps=[rollouts, *([AssetKey("reward_model")] if uses_reward_model() else [])],
         group_name=prefix,
         kinds={"parquet"},
+        code_version=reward_config_hash(load_project_params().rewards),
         description=f"Round {n}: every rollout scored by the configured reward functions (rescored without resampling).",
-        metadata=dvc_meta(["rewards"], ["rl_assets/rewards.py"]),
+        metadata=dvc_meta(["rewards"], ["rl_assets/rewards"]),
     )
     def rewards(context: AssetExecutionContext, params: ParamsResource) -> MaterializeResult:
         from rl_assets.rewards import score_rollouts, summarize_rewards

@@ -1,4 +1,4 @@
-"""Where each asset lives: data/<asset key>, a `.parquet` file for tables, a folder for checkpoints.
+"""Where each asset lives: data/<asset key>, a `.parquet` file for tables, a folder for models (checkpoints, reward_model).
 
 The asset key, the data path and the DVC stage name are the same words (`r01/rollouts`,
 `data/r01/rollouts.parquet`, stage `r01-rollouts`), so one name finds a stage everywhere.
@@ -21,7 +21,7 @@ def checkpoint_key(round_number: int) -> str:
 
 def output_path(key: str, root: Path = Path(".")) -> Path:
     """The file or folder an asset key writes, e.g. 'r01/rollouts' -> data/r01/rollouts.parquet."""
-    if key.endswith("checkpoint"):
+    if key.endswith("checkpoint") or key == "reward_model":  # model folders
         return root / DATA / key
     return root / DATA / f"{key}.parquet"
 

@@ -31,19 +31,25 @@ def load_scorer(path: str | Path, device: str = "cpu"):
     return _load(str(folder.resolve()), device, mtime)
 
 
+def scoring_text(prompt: str, completion: str, tokenizer) -> str:
+    """What the model scores: prompt + completion + EOS, as TRL's RewardTrainer saw each pair in training."""
+    text = prompt + completion
+    return text if tokenizer.eos_token is None or text.endswith(tokenizer.eos_token) else text + tokenizer.eos_token
+
+
 def reward_model(completions: list[str], prompt: list[str] | None = None, *, path: str, temperature: float = 1.0, batch_size: int = 32,
                  device: str = "cpu", **kwargs) -> list[float]:
     """The model's score of prompt + completion, divided by `temperature`, computed `batch_size` rows at a time.
 
     The text is scored as the model was trained on it: the prompt followed directly by the
-    completion. A lower temperature spreads the scores, a higher one flattens them.
+    completion, then EOS. A lower temperature spreads the scores, a higher one flattens them.
     """
     import torch
 
     if temperature <= 0:
         raise ValueError(f"reward_model: temperature must be > 0, got {temperature}")
     model, tokenizer = load_scorer(path, device)
-    texts = [p + c for p, c in zip(prompt, completions)] if prompt is not None else list(completions)
+    texts = [scoring_text(p, c, tokenizer) for p, c in zip(prompt or [""] * len(completions), completions)]
     scores = []
     with torch.inference_mode():
         for start in range(0, len(texts), batch_size):

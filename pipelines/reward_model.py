@@ -1,0 +1,45 @@
+"""reward_model: a reward model trained from preference pairs, when params.yaml has a `reward_model` section.
+
+Reward functions named `reward_model` then score with it, and every rNN/rewards depends on it
+(see rounds.py), so retraining it rescores every round without resampling.
+"""
+
+from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, asset
+
+from pipelines.assets import COMPUTE_TAGS, dvc_meta
+from pipelines.steps import ParamsResource, load_project_params, materialized
+from rl_assets.paths import output_path
+
+
+def reward_model_asset() -> AssetsDefinition | None:
+    """The asset, or None when params configure no reward model."""
+    configured = load_project_params().reward_model
+    if configured is None:
+        return None
+
+    @asset(
+        name="reward_model",
+        group_name="reward_model",
+        kinds={"pytorch"},
+        pool="gpu",
+        op_tags=COMPUTE_TAGS,
+        description="A sequence-classification reward model trained with TRL's RewardTrainer on chosen/rejected pairs.",
+        metadata=dvc_meta(["seed", "reward_model"], ["rl_assets/reward_model.py"], [configured.preference_data]),
+    )
+    def reward_model(context: AssetExecutionContext, params: ParamsResource) -> MaterializeResult:
+        # In the step's own process (the multiprocess executor gives each step one), not a Pipes child:
+        # rl_assets.compute has no reward_model stage yet.
+        from rl_assets.models import pick_device
+        from rl_assets.reward_model import train_reward_model
+
+        p = params.load()
+        metrics = train_reward_model(p.reward_model, p.seed, output_path("reward_model"), use_cpu=pick_device(p.compute.device) == "cpu")
+        return materialized(context, output_path("reward_model"), metrics)
+
+    return reward_model
+
+
+def uses_reward_model() -> bool:
+    """Whether a reward function scores with the trained reward model (its rewards then depend on the asset)."""
+    params = load_project_params()
+    return params.reward_model is not None and any(f.name == "reward_model" for f in params.rewards.functions)
