@@ -181,25 +181,29 @@ def run_user_generator(function: str, count: int, seed: int, root: Path) -> Reco
     package = [str(file.parent)] if file.name == "__init__.py" else None
     spec = importlib.util.spec_from_file_location(module_name, file, submodule_search_locations=package)
     module = importlib.util.module_from_spec(spec)
-    sys.path.insert(0, str(root.resolve()))  # so the module can import its neighbours
+    project = str(root.resolve())
+    sys.path.insert(0, project)  # so the module can import its neighbours, at load time and when called
     try:
-        sys.modules[module_name] = module
-        spec.loader.exec_module(module)
-    except Exception as error:  # a user module may fail in any way; report it as a data error
-        sys.modules.pop(module_name, None)
-        raise RawDataError(f"{label}: importing {file} failed: {type(error).__name__}: {error}") from None
+        try:
+            sys.modules[module_name] = module
+            spec.loader.exec_module(module)
+        except Exception as error:  # a user module may fail in any way; report it as a data error
+            sys.modules.pop(module_name, None)
+            raise RawDataError(f"{label}: importing {file} failed: {type(error).__name__}: {error}") from None
+        generate = getattr(module, attribute, None)
+        if not callable(generate):
+            raise RawDataError(f"{label}: {file} has no function {attribute!r}")
+        try:
+            rows = generate(count=count, seed=seed)
+            if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
+                raise RawDataError(f"{label}: returned {type(rows).__name__}; expected a list of row dicts")
+            rows = list(rows)
+        except RawDataError:
+            raise
+        except Exception as error:
+            raise RawDataError(f"{label}: raised {type(error).__name__}: {error}") from None
     finally:
-        sys.path.remove(str(root.resolve()))
-    generate = getattr(module, attribute, None)
-    if not callable(generate):
-        raise RawDataError(f"{label}: {file} has no function {attribute!r}")
-    try:
-        rows = generate(count=count, seed=seed)
-    except Exception as error:
-        raise RawDataError(f"{label}: raised {type(error).__name__}: {error}") from None
-    if isinstance(rows, (str, bytes, dict)) or not hasattr(rows, "__iter__"):
-        raise RawDataError(f"{label}: returned {type(rows).__name__}; expected a list of row dicts")
-    rows = list(rows)
+        sys.path.remove(project)
     if len(rows) != count:
         raise RawDataError(f"{label}: returned {len(rows)} rows; expected count={count}")
     for number, row in enumerate(rows):

@@ -105,3 +105,18 @@ def test_skipped_bad_rows_are_counted_and_sampled(assets, reference, tmp_path, c
     assert table.num_rows == result.metadata["rows"] == case["rows"]
     assert result.metadata["dropped_bad_rows"] == len(case["dropped"])
     assert result.metadata["dropped_bad_rows_sample"].value == "\n".join(f"- `{message}`" for message in case["dropped"])
+
+
+def test_chat_template_on_a_tokenizer_without_one_stops_prompts_and_writes_nothing(assets, reference, tmp_path):
+    from pipelines.steps import ParamsResource
+    from rl_assets.prompts import ChatTemplateError
+
+    project = project_for({"sources": GOOD_SOURCES}, reference, tmp_path)
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    (project / "params.yaml").write_text(yaml.safe_dump({**params, "prompts": {"chat_template": True}}))
+    before = snapshot(project)
+    with pytest.MonkeyPatch.context() as patch, build_asset_context() as context:
+        patch.chdir(project)
+        with pytest.raises(ChatTemplateError, match=r"^prompts\.chat_template: the policy tokenizer \(\w+\) has no chat template"):
+            assets.prompts(context, params=ParamsResource(path="params.yaml", overrides=[]))
+    assert snapshot(project) == before

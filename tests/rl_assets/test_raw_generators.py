@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import operator
 import re
+import sys
 import uuid
 
 import pytest
@@ -231,3 +232,12 @@ def test_user_generator_module_that_fails_to_import(tmp_path):
 def test_user_generator_module_not_found(tmp_path):
     with pytest.raises(RawDataError, match=r"^python:nowhere_mod_xyz:rows: module 'nowhere_mod_xyz' not found in the project or on sys.path$"):
         list(run_user_generator("nowhere_mod_xyz:rows", 1, seed=0, root=tmp_path))
+
+
+def test_user_generator_may_yield_rows_and_import_its_neighbours_when_called(tmp_path):
+    (tmp_path / "gen_helpers_abc.py").write_text("def problem(i):\n    return {'prompt': f'{i}*3=', 'answer': 3 * i}\n")
+    (tmp_path / "gen_lazy_abc.py").write_text(
+        "def rows(count, seed):\n    from gen_helpers_abc import problem\n    for i in range(count):\n        yield problem(seed + i)\n")
+    assert list(run_user_generator("gen_lazy_abc:rows", 2, seed=4, root=tmp_path)) == [
+        (0, {"prompt": "4*3=", "answer": 12}), (1, {"prompt": "5*3=", "answer": 15})]
+    assert str(tmp_path) not in sys.path  # the project root is on sys.path only while the generator runs
