@@ -28,6 +28,14 @@ COMPUTE_TAGS = compute_tags()
 TRAINING_RETRY = RetryPolicy(max_retries=2, delay=30, backoff=Backoff.EXPONENTIAL)
 
 
+def base_checkpoint_dvc_meta() -> dict:
+    """r00 starts from the promoted model when promotion.warm_start says so: then DVC tracks that choice and the model."""
+    promotion = load_project_params().promotion
+    if promotion.warm_start == "promoted":
+        return dvc_meta(["seed", "model", "sft", "promotion.warm_start"], ["rl_assets/models.py", "rl_assets/sft.py"], [f"{promotion.directory}/promoted"])
+    return dvc_meta(["seed", "model", "sft"], ["rl_assets/models.py", "rl_assets/sft.py"])
+
+
 def dvc_meta(params: list[str], code: list[str], inputs: list[str] | None = None) -> dict:
     meta = {"rl_assets/params": params, "rl_assets/code": code}
     if inputs:
@@ -90,7 +98,7 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Materiali
     op_tags=COMPUTE_TAGS,
     retry_policy=TRAINING_RETRY,
     description="The base policy (embedded tiny model or any HF causal LM), warm-started with TRL's SFTTrainer.",
-    metadata=dvc_meta(["seed", "model", "sft"], ["rl_assets/models.py", "rl_assets/sft.py"]),
+    metadata=base_checkpoint_dvc_meta(),
 )
 def base_checkpoint(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
     return run_compute(context, pipes, params, "sft")
