@@ -45,13 +45,13 @@ def round_assets(n: int) -> list[AssetsDefinition]:
     )
     def rewards(context: AssetExecutionContext, params: ParamsResource) -> MaterializeResult:
         from rl_assets.rewards import score_rollouts, summarize_rewards
-        from rl_assets.schemas import read_table, reward_function_names, rewards_schema, write_table
+        from rl_assets.schemas import read_table, write_table
         from rl_assets.storage import file_hash
 
         p = params.load()
         source = output_path(f"{prefix}/rollouts")
         table = score_rollouts(read_table(source, "rollouts"), p.rewards, file_hash(source))
-        path = write_table(table, output_path(f"{prefix}/rewards"), rewards_schema(reward_function_names(table)), "rewards")
+        path = write_table(table, output_path(f"{prefix}/rewards"), table.schema, "rewards")  # keeps each score's weight
         return materialized(context, path, summarize_rewards(table, p.rollouts.samples_per_prompt))
 
     reference = [AssetKey(checkpoint_key(0).split("/"))] if load_project_params().train.beta > 0 and n > 1 else []

@@ -70,6 +70,7 @@ def check_options(name: str, function: Callable, options: dict) -> None:
     """Every option is a named parameter of `function`, and every keyword-only one without a default is given.
 
     `**kwargs` does not count: it receives the table's columns, and an option lost there is a typo.
+    Nor do the columns themselves: each call passes them, so an option of that name would be ignored.
 
     >>> check_options("length_penalty", length_penalty, {"target": 4, "max_lenght": 8})
     Traceback (most recent call last):
@@ -82,10 +83,11 @@ def check_options(name: str, function: Callable, options: dict) -> None:
         if options:
             raise ValueError(f"reward {name!r}: cannot read its signature to check options {sorted(options)}") from None
         return
-    named = sorted(n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n != "completions")
+    # A table column passed as an option would be overridden by the column at every call: not an option.
+    named = sorted(n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in ("completions", *COLUMNS))
     for key in options:
         if key not in named:
-            raise ValueError(f"reward {name!r} has no option {key!r}; its options: {[n for n in named if n not in COLUMNS]}")
+            raise ValueError(f"reward {name!r} has no option {key!r}; its options: {named}")
     for parameter_name, parameter in parameters.items():
         if parameter.kind == parameter.KEYWORD_ONLY and parameter.default is parameter.empty and parameter_name not in options:
             raise ValueError(f"reward {name!r} needs option {parameter_name!r}")
@@ -139,7 +141,7 @@ def _checked(name: str, scores, rollouts: pa.Table) -> list[float | None]:
 
 
 def score_rollouts(rollouts: pa.Table, params: RewardsParams, rollouts_hash: str) -> pa.Table:
-    """The rewards table: one `score_<name>` column per function and the weighted total `reward`."""
+    """The rewards table: one `score_<name>` column per function (its weight in the field metadata) and the weighted total `reward`."""
     kwargs = reward_kwargs(rollouts)
     completions = rollouts["completion"].to_pylist()
     total = [0.0] * rollouts.num_rows
@@ -166,8 +168,17 @@ def score_rollouts(rollouts: pa.Table, params: RewardsParams, rollouts_hash: str
             "rollouts_hash": [rollouts_hash] * n,
             **columns,
         },
-        schema=rewards_schema([spec.score_name for spec in params.functions]),
+        schema=_described(rewards_schema([spec.score_name for spec in params.functions]), params),
     )
+
+
+def _described(schema: pa.Schema, params: RewardsParams) -> pa.Schema:
+    """Each score column's field metadata names its function, options and weight, so the file explains its total."""
+    for spec in params.functions:
+        index = schema.get_field_index(f"score_{spec.score_name}")
+        meta = {"rl_assets.function": spec.name, "rl_assets.weight": repr(spec.weight), "rl_assets.options": json.dumps(spec.options, sort_keys=True)}
+        schema = schema.set(index, schema.field(index).with_metadata(meta))
+    return schema
 
 
 def summarize_rewards(rewards: pa.Table, group_size: int) -> dict:

@@ -66,18 +66,18 @@ def run_sandboxed(files: dict[str, str], argv: list[str], stdin: str = "", limit
     mode = mode or sandbox_mode()
     uid = random.randrange(1 << 30, 1 << 31) if os.geteuid() == 0 else None  # no other process has this uid
     workdir = Path(tempfile.mkdtemp(prefix="rl-assets-sandbox-"))
-    outputs = Path(tempfile.mkdtemp(prefix="rl-assets-sandbox-out-"))  # outside the workdir: the program cannot touch it
+    outputs = Path(tempfile.mkdtemp(prefix="rl-assets-sandbox-io-"))  # stdin/stdout/stderr files, out of the program's reach
     try:
         for name, text in files.items():
             (workdir / name).write_text(text)
-        (workdir / "stdin.txt").write_text(stdin)
+        (outputs / "stdin").write_text(stdin)  # not in the workdir: the harness's nonce arrives on stdin
         if uid is not None:
             for path in [workdir, *workdir.iterdir()]:
                 os.chown(path, uid, uid)
         python = sys.executable if uid is None else sandbox_python()
         config = {"limits": asdict(limits), "uid": uid, "mode": mode, "workdir": str(workdir), "argv": [python, "-I", *argv]}
         env = {"PATH": "/usr/bin:/bin", "LANG": "C.UTF-8", "HOME": str(workdir), "TMPDIR": "/tmp"}
-        with open(workdir / "stdin.txt", "rb") as stdin_file, open(outputs / "out", "wb") as out, open(outputs / "err", "wb") as err:
+        with open(outputs / "stdin", "rb") as stdin_file, open(outputs / "out", "wb") as out, open(outputs / "err", "wb") as err:
             process = subprocess.Popen([sys.executable, "-I", __file__, json.dumps(config)], cwd=workdir, env=env, stdin=stdin_file,
                                        stdout=out, stderr=err, start_new_session=True)
             timed_out = False

@@ -245,6 +245,7 @@ def test_options_are_bound_and_enter_the_config_hash():
     ([{"name": "length_penalty", "options": {"target": 1, "max_length": 4, "units": "chars"}}],
      "rewards.functions[0].options: Value error, reward 'length_penalty' has no option 'units'"),
     ([{"name": "math_answer", "options": {"completions": []}}], "reward 'math_answer' has no option 'completions'"),
+    ([{"name": "math_answer", "options": {"answer": "4"}}], "reward 'math_answer' has no option 'answer'; its options: ['pick']"),
     ([{"name": "format_regex", "options": {"pattern": "a"}}, {"name": "format_regex", "options": {"pattern": "b"}}],
      "repeated: ['format_regex']"),
     ([{"name": "math_answer", "column": "bad name"}], "rewards.functions[0].column: String should match pattern"),
@@ -318,3 +319,16 @@ def test_non_numeric_scores_name_function_and_rollout(tmp_path, monkeypatch, ret
 def test_a_failing_function_is_named(user_module):
     with pytest.raises(RuntimeError, match=r"reward 'format_regex' failed: error: missing \), unterminated subpattern"):
         score_rollouts(small_rollouts(), RewardsParams(functions=[{"name": "format_regex", "options": {"pattern": "(a"}}]), "h")
+
+
+def test_each_score_column_carries_its_function_weight_and_options_through_the_file(tmp_path):
+    from rl_assets.schemas import read_table, write_table
+
+    params = RewardsParams(functions=[{"name": "arithmetic_answer", "weight": 1.0},
+                                      {"name": "format_regex", "weight": -0.25, "options": {"pattern": "[0-9]+"}}])
+    table = score_rollouts(small_rollouts(), params, "h")
+    write_table(table, tmp_path / "rewards.parquet", table.schema, "rewards")
+    schema = read_table(tmp_path / "rewards.parquet", "rewards").schema
+    assert schema.field("score_format_regex").metadata == {b"rl_assets.function": b"format_regex", b"rl_assets.weight": b"-0.25",
+                                                            b"rl_assets.options": b'{"pattern": "[0-9]+"}'}
+    assert schema.field("score_arithmetic_answer").metadata[b"rl_assets.weight"] == b"1.0"

@@ -39,6 +39,7 @@ def sandbox_processes() -> list[int]:
     ("import sys\nsys.exit(0)\n", ["assert False"], 0.0),  # exiting early is not a pass
     ("import os\nos._exit(0)\n", ["assert True"], 0.0),
     ("print('0 0')\nprint('pass')\n", ["assert False"], 0.0),  # printing what a pass looks like is not one
+    ("import glob\nfor f in glob.glob('*'):\n    print(open(f).read())\n", ["assert False"], 0.0),  # the nonce is in no file
     ("print(sum(map(int, input().split())))", [{"input": "1 2\n", "output": "3"}, {"input": "5 5", "output": "10\n"}], 1.0),
     ("print(int(input()) + 1)", [{"input": "1", "output": "3"}, {"input": "2", "output": "3"}], 0.5),
     ("print('a  \\nb')", [{"input": "", "output": "a\nb\n\n"}], 1.0),  # trailing whitespace is ignored
