@@ -44,6 +44,8 @@ def load_reward_function(name: str) -> Callable:
             function = getattr(importlib.import_module(module_name), attribute)
         except (ImportError, AttributeError) as error:
             raise ValueError(f"rewards.functions: cannot load {name!r}: {error}") from None
+        except Exception as error:  # the user's module fails while importing (SyntaxError, a raise at top level, ...)
+            raise ValueError(f"rewards.functions: cannot load {name!r}: {type(error).__name__}: {error}") from None
     elif name in BUILT_IN:
         function = BUILT_IN[name]
     else:

@@ -49,6 +49,7 @@ def reward_model(completions: list[str], prompt: list[str] | None = None, *, pat
     if temperature <= 0:
         raise ValueError(f"reward_model: temperature must be > 0, got {temperature}")
     model, tokenizer = load_scorer(path, device)
+    prompt = prompt if prompt is not None else kwargs.get("prompts")  # our tables say `prompt`, TRL's trainers `prompts`
     texts = [scoring_text(p, c, tokenizer) for p, c in zip(prompt or [""] * len(completions), completions)]
     scores = []
     with torch.inference_mode():

@@ -74,6 +74,8 @@ def test_scores_prefer_chosen_and_follow_temperature_and_batching(trained):
     assert one_by_one == pytest.approx(chosen, abs=1e-5)  # padding in a batch does not change a score
     halved = reward_model([p["chosen"] for p in PAIRS], prompt=prompts, path=folder, temperature=2.0)
     assert halved == pytest.approx([c / 2 for c in chosen])
+    as_in_trl = reward_model(completions=[p["chosen"] for p in PAIRS], prompts=prompts, completion_ids=[[]] * len(PAIRS), path=folder)
+    assert as_in_trl == pytest.approx(chosen)  # GRPOTrainer's keywords: prompts, completions, completion_ids
 
 
 @pytest.mark.parametrize("options,error,message", [

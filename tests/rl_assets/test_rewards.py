@@ -332,3 +332,31 @@ def test_each_score_column_carries_its_function_weight_and_options_through_the_f
     assert schema.field("score_format_regex").metadata == {b"rl_assets.function": b"format_regex", b"rl_assets.weight": b"-0.25",
                                                             b"rl_assets.options": b'{"pattern": "[0-9]+"}'}
     assert schema.field("score_arithmetic_answer").metadata[b"rl_assets.weight"] == b"1.0"
+
+
+@pytest.mark.parametrize("name,options,expected", [
+    ("math_answer", {}, [1.0, 0.0]),
+    ("arithmetic_answer", {}, [1.0, 0.0]),
+    ("answer_format", {}, [1.0, 0.0]),
+    ("format_regex", {"pattern": "[0-9]+"}, [1.0, 0.0]),
+    ("required_tags", {"tags": ["a"]}, [0.0, 0.0]),
+    ("length_penalty", {"target": 1, "max_length": 3}, [0.0, -0.5]),
+    ("repetition_penalty", {"ngram_size": 1, "unit": "chars"}, [0.0, 0.0]),
+    ("code_execution", {}, [None, None]),
+])
+def test_built_ins_take_the_keywords_trl_passes(name, options, expected):
+    """GRPOTrainer calls f(prompts=, completions=, completion_ids=, trainer_state=, **dataset columns)."""
+    function = resolve_reward_function(name, options)
+    scores = function(prompts=["1+1=", "2+2="], completions=["2", "no"], completion_ids=[[5], [6, 7]], trainer_state=None,
+                      answer=["2", "4"], log_extra=None, log_metric=None)
+    assert scores == expected
+
+
+def test_a_user_module_that_fails_to_import_is_a_load_error(tmp_path, monkeypatch):
+    from rl_assets.config import ParamsError, parse_params
+
+    (tmp_path / "rl_assets_test_broken_rewards.py").write_text("def f(completions, **kwargs)\n    return []\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    raw = {"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "rewards": {"functions": [{"name": "rl_assets_test_broken_rewards:f"}]}}
+    with pytest.raises(ParamsError, match=r"rewards.functions\[0\].name: .*cannot load 'rl_assets_test_broken_rewards:f': SyntaxError"):
+        parse_params(raw)
