@@ -9,13 +9,15 @@ and then execs `python -I` on the harness. What confines it:
 - as root (containers): a uid of its own, so RLIMIT_NPROC (which root ignores) bounds a fork bomb
   and the cleanup can kill every process of that uid, even ones that left the process group; plus
   new network, mount and PID namespaces: no network interface up, every mount read-only except the
-  working directory, fresh private tmpfs over /tmp, /var/tmp and /dev/shm, and a PID namespace whose
+  working directory, fresh private tmpfs over /tmp, /var/tmp, /dev/shm and /run, and a PID namespace whose
   end takes every process (and zombie) of the run with it. Mode "namespaces";
 - otherwise, or where the kernel refuses namespaces: an audit hook in the harness refuses to create
   sockets, and file permissions alone keep writes out of other directories. Mode "audit".
 
-`sandbox_mode()` says which mode this machine gets. A program that deliberately inspects its own
-interpreter can forge a test pass; the sandbox protects the host, not the reward.
+`sandbox_mode()` says which mode this machine gets. Not covered: a world-writable Unix socket file
+outside the covered directories (the network namespace does not cut path sockets); and a program
+that deliberately inspects its own interpreter can forge a test pass: the sandbox protects the
+host, not the reward.
 """
 
 from __future__ import annotations
@@ -38,7 +40,7 @@ from pathlib import Path
 
 CLONE_NEWNS, CLONE_NEWNET, CLONE_NEWPID = 0x00020000, 0x40000000, 0x20000000
 MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 1, 2, 4, 8, 32, 4096, 16384, 1 << 18
-SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm")
+SCRATCH_DIRS = ("/tmp", "/var/tmp", "/dev/shm", "/run")  # /run: also hides the host's Unix sockets (dbus, databases)
 INSIDE_WORKDIR = "/tmp/sandbox"  # where the program sees its working directory in mode "namespaces"
 OUTPUT_LIMIT = 1 << 20  # bytes of stdout/stderr read back
 

@@ -213,3 +213,40 @@ def test_socket_is_refused_in_audit_mode_too(listener):
     outcome = run_sandboxed({"solution.py": program, "harness.py": HARNESS}, ["harness.py", "io"], limits=FAST, mode="audit")
     assert outcome.stdout.strip() == "refused", outcome
     assert_no_connection(listener)
+
+
+@pytest.fixture
+def host_unix_socket():
+    """A world-writable Unix socket under /run, where host services keep theirs (dbus, databases)."""
+    folder = Path(tempfile.mkdtemp(prefix="rl-assets-test-", dir="/run"))
+    folder.chmod(0o777)
+    server = socket.socket(socket.AF_UNIX)
+    server.bind(str(folder / "service.sock"))
+    (folder / "service.sock").chmod(0o777)
+    server.listen(4)
+    server.settimeout(0.5)
+    yield folder / "service.sock", server
+    server.close()
+    (folder / "service.sock").unlink()
+    folder.rmdir()
+
+
+@pytest.mark.skipif(not ROOT, reason="hiding the host's socket files needs the namespaces mode (and /run needs root)")
+def test_no_unix_socket_of_the_host_is_reachable(host_unix_socket):
+    path, server = host_unix_socket
+    program = ("import os, socket\nreached = []\n"
+               f"for top in ('/run', '/var/run', '/tmp', '/var/tmp', '/dev', '/home', '/srv', '/var/lib', {str(path.parent)!r}):\n"
+               "    for folder, _, names in os.walk(top):\n"
+               "        for name in names:\n"
+               "            try:\n"
+               "                client = socket.socket(socket.AF_UNIX)\n"
+               "                client.settimeout(1)\n"
+               "                client.connect(os.path.join(folder, name))\n"
+               "                reached.append(os.path.join(folder, name))\n"
+               "            except OSError:\n"
+               "                pass\n"
+               "print(reached)\n")
+    outcome = run_sandboxed({"main.py": program}, ["main.py"], limits=Limits(wall_seconds=20, cpu_seconds=10))
+    assert outcome.returncode == 0, outcome.stderr
+    assert outcome.stdout.strip() == "[]"
+    assert_no_connection(server)
