@@ -17,6 +17,7 @@ from pathlib import Path
 import yaml
 
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, dvc_stage_name, output_path
+from rl_assets.tracking import ROUND_PLOTS
 
 PYTHON = ".venv/bin/python"
 
@@ -57,7 +58,7 @@ def stage_spec(key: str, upstream: list[str], params_sections: list[str], code: 
     }
     if key == "evaluation":
         stage["metrics"] = [{EVALUATION_METRICS.as_posix(): {"cache": False}}]
-        stage["plots"] = [{EVALUATION_PLOT.as_posix(): {"cache": False}}]
+        stage["plots"] = [{EVALUATION_PLOT.as_posix(): {"cache": False}}, {ROUND_PLOTS.as_posix(): {"cache": False, "x": "round", "y": "value"}}]
     return stage
 
 

@@ -147,6 +147,7 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
     """evaluation: every checkpoint r00..rR on the held-out prompts, greedy and sampled."""
     from rl_assets.evaluation import eval_prompts, evaluate_checkpoint
     from rl_assets.models import load_policy
+    from rl_assets.tracking import write_round_plots
 
     held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
     report, examples = [], []
@@ -160,6 +161,7 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
     write_table(table, output_path("evaluation", root), EVALUATION, "evaluation")
     summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_accuracy": round(r["accuracy"], 4) for r in report}
     (root / EVALUATION_METRICS).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_round_plots(root)
     reward_means = {}
     for round_number in range(1, params.rounds + 1):
         card = read_lineage(output_path(checkpoint_key(round_number), root))

@@ -17,6 +17,10 @@ from rl_assets.checkpoints import read_lineage
 from rl_assets.paths import DATA, checkpoint_key, output_path
 
 TENSORBOARD = DATA / "tensorboard"
+ROUND_PLOTS = DATA / "evaluation_rounds"  # the same by-round curves for `dvc plots show`
+# Panels of the by-round figure: both accuracies; of the other groups, the first metric the cards have.
+PANELS = {"reward": ["train/reward_mean"], "held-out accuracy": ["eval/sampled_accuracy", "eval/greedy_accuracy"],
+          "KL to reference": ["train/kl", "train/kl_ref"], "loss": ["train/loss"], "entropy": ["train/entropy"]}
 
 
 def write_scalars(logdir: str | Path, rows: list[dict], prefix: str = "") -> int:
@@ -51,6 +55,19 @@ def round_rows(root: Path) -> list[dict]:
     return [rows[n] for n in sorted(rows)]
 
 
+def write_round_plots(root: Path = Path(".")) -> Path:
+    """ROOT/data/evaluation_rounds/<metric>.csv, columns `round,value`: one `dvc plots show` plot per metric of PANELS."""
+    from rl_assets.storage import atomic_path
+
+    rows = round_rows(root)
+    names = [name for names in PANELS.values() for name in names if any(name in row for row in rows)]
+    with atomic_path(root / ROUND_PLOTS, is_dir=True) as tmp:
+        for name in names:
+            points = [f"{row['step']},{row[name]}" for row in rows if isinstance(row.get(name), (int, float))]
+            (tmp / f"{name.replace('/', '_')}.csv").write_text("\n".join(["round,value", *points]) + "\n")
+    return root / ROUND_PLOTS
+
+
 def export_tensorboard(root: Path = Path(".")) -> Path:
     """Rewrite ROOT/data/tensorboard from scratch (a rerun must not append duplicate points)."""
     logdir = root / TENSORBOARD
@@ -61,11 +78,6 @@ def export_tensorboard(root: Path = Path(".")) -> Path:
             write_scalars(logdir / card.parent.parent.name, history, prefix="train/")
     write_scalars(logdir / "rounds", round_rows(root))
     return logdir
-
-
-# Panels of the by-round figure: both accuracies; of the other groups, the first metric the cards have.
-PANELS = {"reward": ["train/reward_mean"], "held-out accuracy": ["eval/sampled_accuracy", "eval/greedy_accuracy"],
-          "KL to reference": ["train/kl", "train/kl_ref"], "loss": ["train/loss"], "entropy": ["train/entropy"]}
 
 
 def rounds_figure(rows: list[dict], path: Path) -> Path:

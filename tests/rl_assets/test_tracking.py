@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from ops_support import make_fake_project
-from rl_assets.tracking import export_tensorboard, round_rows, write_scalars
+from rl_assets.tracking import export_tensorboard, round_rows, write_round_plots, write_scalars
 
 
 def read_events(logdir):
@@ -34,3 +34,12 @@ def test_export_gives_step_curves_per_round_and_a_curve_per_metric_over_rounds(t
     scalars = read_events(logdir / "rounds")
     assert scalars["eval/sampled_accuracy"] == [(0, 0.3), (1, 0.4), (2, 0.5)]
     assert scalars["train/kl"] == [(1, 0.01), (2, 0.01)] and [s for s, _ in scalars["train/entropy"]] == [1, 2]
+
+
+def test_round_plots_are_one_csv_per_metric_for_dvc(tmp_path):
+    make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.5})
+    folder = write_round_plots(tmp_path)
+    files = {p.name for p in folder.iterdir()}
+    assert {"eval_sampled_accuracy.csv", "train_kl.csv", "train_entropy.csv", "train_loss.csv", "train_reward_mean.csv"} <= files
+    assert (folder / "eval_sampled_accuracy.csv").read_text() == "round,value\n0,0.3\n1,0.4\n2,0.5\n"
+    assert (folder / "train_kl.csv").read_text() == "round,value\n1,0.01\n2,0.01\n"
