@@ -4,11 +4,10 @@ Reward functions named `reward_model` then score with it, and every rNN/rewards 
 (see rounds.py), so retraining it rescores every round without resampling.
 """
 
-from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, asset
+from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, PipesSubprocessClient, asset
 
 from pipelines.assets import COMPUTE_TAGS, dvc_meta
-from pipelines.steps import ParamsResource, load_project_params, materialized
-from rl_assets.paths import output_path
+from pipelines.steps import ParamsResource, load_project_params, run_compute
 
 
 def reward_model_asset() -> AssetsDefinition | None:
@@ -26,15 +25,8 @@ def reward_model_asset() -> AssetsDefinition | None:
         description="A sequence-classification reward model trained with TRL's RewardTrainer on chosen/rejected pairs.",
         metadata=dvc_meta(["seed", "reward_model"], ["rl_assets/reward_model.py"], [configured.preference_data]),
     )
-    def reward_model(context: AssetExecutionContext, params: ParamsResource) -> MaterializeResult:
-        # In the step's own process (the multiprocess executor gives each step one), not a Pipes child:
-        # rl_assets.compute has no reward_model stage yet.
-        from rl_assets.models import pick_device
-        from rl_assets.reward_model import train_reward_model
-
-        p = params.load()
-        metrics = train_reward_model(p.reward_model, p.seed, output_path("reward_model"), use_cpu=pick_device(p.compute.device) == "cpu")
-        return materialized(context, output_path("reward_model"), metrics)
+    def reward_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
+        return run_compute(context, pipes, params, "reward_model")
 
     return reward_model
 

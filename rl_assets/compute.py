@@ -189,6 +189,13 @@ def run_stage(stage: str, params: Params, round_number: int | None, root: Path) 
         return run_train(params, round_number, root, device), output_path(checkpoint_key(round_number), root)
     if stage == "evaluation":
         return run_evaluation(params, root, device), output_path("evaluation", root)
+    if stage == "reward_model":
+        from rl_assets.reward_model import train_reward_model
+
+        if params.reward_model is None:
+            raise ValueError("the reward_model stage needs a reward_model section in params")
+        path = output_path("reward_model", root)
+        return train_reward_model(params.reward_model, params.seed, path, use_cpu=not device.startswith("cuda")), path
     if stage == "promote":
         from rl_assets.promotion import run_promotion
 
@@ -225,7 +232,7 @@ def stop_distributed() -> None:
 
 def parse_args(argv: list[str] | None = None, prog: str = "python -m rl_assets.compute") -> tuple[argparse.Namespace, Params]:
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
-    parser.add_argument("stage", choices=["sft", "rollouts", "train", "evaluation", "promote"])
+    parser.add_argument("stage", choices=["sft", "rollouts", "train", "evaluation", "reward_model", "promote"])
     parser.add_argument("--round", type=int, default=None, help="round number N for rollouts and train")
     parser.add_argument("--params", default=os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
