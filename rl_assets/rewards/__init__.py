@@ -18,6 +18,8 @@ import importlib
 import inspect
 import json
 import math
+import os
+import sys
 from typing import Callable
 
 import pyarrow as pa
@@ -40,6 +42,8 @@ def load_reward_function(name: str) -> Callable:
     """A built-in reward by name, or `package.module:function` from the user's code (imported now)."""
     if ":" in name:
         module_name, _, attribute = name.partition(":")
+        if os.getcwd() not in sys.path:  # user code lives in the project, as `python -m` in its root would see it
+            sys.path.append(os.getcwd())
         try:
             function = getattr(importlib.import_module(module_name), attribute)
         except (ImportError, AttributeError) as error:
