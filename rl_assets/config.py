@@ -212,6 +212,13 @@ class LoraParams(Section):
     target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="Modules that get adapters.")
     merge: bool = Field(False, description="Save each round's checkpoint with adapters merged into full weights; "
                                            "off saves only the adapters (loading needs peft and the r00 folder).")
+    load_in_4bit: bool = Field(False, description="QLoRA: the frozen base weights in 4-bit NF4 (bitsandbytes, CUDA only); needs merge off.")
+
+    @model_validator(mode="after")
+    def _check_qlora(self):
+        if self.load_in_4bit and self.merge:
+            raise ValueError("load_in_4bit cannot merge adapters into 4-bit weights; set merge: false")
+        return self
 
 
 class DPOParams(Section):

@@ -86,13 +86,28 @@ def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | P
     from peft import LoraConfig, PeftModel, get_peft_model
 
     tokenizer = AutoTokenizer.from_pretrained(path)
-    if (Path(path) / "adapter_config.json").is_file():
-        base = AutoModelForCausalLM.from_pretrained(base_path)
+    load = {}
+    if lora.load_in_4bit:  # QLoRA: frozen NF4 base, adapters and their optimizer in full precision
+        if not device.startswith("cuda"):
+            raise ValueError("train.lora.load_in_4bit needs a CUDA device (bitsandbytes 4-bit kernels); set it to false on CPU")
+        from transformers import BitsAndBytesConfig
+
+        load = {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16),
+                "device_map": {"": device}}
+    adapters = (Path(path) / "adapter_config.json").is_file()
+    base = AutoModelForCausalLM.from_pretrained(base_path if adapters else path, **load)
+    if lora.load_in_4bit:
+        from peft import prepare_model_for_kbit_training
+
+        base = prepare_model_for_kbit_training(base)
+    if adapters:
         model = PeftModel.from_pretrained(base, path, is_trainable=True)
     else:
         config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
-        model = get_peft_model(AutoModelForCausalLM.from_pretrained(path), config)
-    model.to(device).eval()
+        model = get_peft_model(base, config)
+    if not lora.load_in_4bit:  # a quantized model is already placed; .to() is not allowed on it
+        model.to(device)
+    model.eval()
     return model, tokenizer
 
 

@@ -78,3 +78,10 @@ def test_merge_saves_full_weights_with_the_adapted_outputs(base, tmp_path):
     with torch.no_grad():
         loaded = AutoModelForCausalLM.from_pretrained(tmp_path / "r01")
         assert torch.allclose(loaded(input_ids=ids).logits, expected, atol=1e-5)
+
+
+def test_qlora_needs_a_gpu_and_cannot_merge(base):
+    with pytest.raises(ValueError, match="load_in_4bit needs a CUDA device"):
+        load_trainable_policy(base, LORA.model_copy(update={"load_in_4bit": True}), base, "cpu")
+    with pytest.raises(ValueError, match="load_in_4bit cannot merge adapters"):
+        LoraParams(enabled=True, load_in_4bit=True, merge=True)
