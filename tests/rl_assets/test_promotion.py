@@ -90,3 +90,20 @@ def test_warm_start_path_only_when_asked_and_present(tmp_path, monkeypatch):
     promote_once(root, monkeypatch)
     assert promotion.warm_start_path(params.promotion, root) == root / "models/promoted"
     assert promotion.warm_start_path(load_params(root / "params.yaml").promotion, root) is None  # default: base model
+
+
+def test_r00_starts_from_the_promoted_model_when_asked(tmp_path, monkeypatch):
+    from rl_assets.checkpoints import save_checkpoint
+    from rl_assets.compute import run_sft
+    from rl_assets.models import build_tiny_tokenizer
+
+    from rl_assets_support import new_tiny_model
+
+    root = make_fake_project(tmp_path)
+    monkeypatch.chdir(root)
+    promoted = root / "models/promoted"
+    promoted_id = save_checkpoint(new_tiny_model(seed=3), build_tiny_tokenizer(), promoted, {"round": 2})
+    (promoted / promotion.CARD).write_text(json.dumps({"checkpoint_id": promoted_id}))
+    run_sft(load_params(root / "params.yaml", ["promotion.warm_start=promoted"]), root, "cpu")
+    card = read_lineage(root / "data/r00/checkpoint")
+    assert (card["checkpoint_id"], card["parent"], card["algorithm"]) == (promoted_id, promoted_id, "promoted")
