@@ -34,7 +34,9 @@ def executor(params):
         from dagster_k8s import k8s_job_executor
 
         return k8s_job_executor
-    return multiprocess_executor
+    # Each step is a process; a forkserver that has already imported the code location starts them ~2 s faster
+    # than a fresh interpreter each (measured: 29.5 -> 21.6 s for two assets and their checks).
+    return multiprocess_executor.configured({"start_method": {"forkserver": {"preload_modules": ["pipelines.definitions"]}}})
 
 
 defs = Definitions(
