@@ -95,6 +95,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
     model, tokenizer = load_trainable_policy(parent, params.train.lora, output_path(checkpoint_key(0), root), device)
     seed = params.seed * 1000 + round_number
     train = params.train
+    ref_model = None
     if train.algorithm in ("dpo", "rft"):
         from rl_assets.preference import train_dpo, train_rft
 
@@ -112,6 +113,10 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
             state_dir=train_state_dir(round_number, root), fingerprint=state)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
+    from rl_assets.train import reference_kl
+
+    reference = ref_model if ref_model is not None else load_policy(output_path(checkpoint_key(0), root), device)[0]
+    metrics["kl"] = reference_kl(model.to(device), reference, rollouts, pad_id=tokenizer.pad_token_id, temperature=params.rollouts.temperature)
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
                "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
                "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history}

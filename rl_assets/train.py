@@ -186,6 +186,27 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     return model, result, history
 
 
+def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperature: float, batch_size: int = 128,
+                 max_rows: int = 1024) -> float:
+    """How far the policy has moved from the reference (r00): mean k3 estimate of KL(policy || reference).
+
+    Measured on the completion tokens of the round's stored rollouts (the first `max_rows`, in table
+    order, so the figure is deterministic), whatever `train.beta` is: the guard that stops drifting
+    runs reads it.
+    """
+    prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist()[:max_rows], rollouts["completion_ids"].to_pylist()[:max_rows]
+    total = tokens = 0.0
+    with torch.no_grad():
+        for start in range(0, len(prompt_ids), batch_size):
+            rows = slice(start, start + batch_size)
+            policy, mask = completion_logprobs(model, prompt_ids[rows], completion_ids[rows], pad_id, temperature)
+            reference, _ = completion_logprobs(ref_model, prompt_ids[rows], completion_ids[rows], pad_id, temperature)
+            delta = reference.to(policy.device) - policy
+            total += ((torch.exp(delta) - delta - 1) * mask).sum().item()
+            tokens += mask.sum().item()
+    return total / max(tokens, 1.0)
+
+
 def _reduce(accelerator, sums: dict) -> dict:
     """Token-weighted means over all processes: the loss per step (mean of ranks), the rest per token."""
     keys = ["loss", "tokens", *TOKEN_METRICS]
