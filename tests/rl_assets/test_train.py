@@ -213,3 +213,21 @@ def test_resume_refuses_a_state_from_another_configuration(rollouts, tmp_path):
     # resume: false discards the old states and starts over
     _, metrics, _ = run_resumable(rollouts, tmp_path / "state", RESUMABLE.model_copy(update={"resume": False}), fingerprint=other)
     assert metrics["resumed_from_step"] == 0
+
+
+def test_reference_kl_is_zero_against_itself_and_the_k3_mean_otherwise(rollouts):
+    from rl_assets.train import reference_kl
+
+    policy, reference = new_tiny_model(0), new_tiny_model(1)
+    assert reference_kl(policy, new_tiny_model(0), rollouts, pad_id=0, temperature=TEMPERATURE) == 0.0
+    total = tokens = 0.0
+    for row in range(rollouts.num_rows):
+        args = ([rollouts["prompt_ids"][row].as_py()], [rollouts["completion_ids"][row].as_py()])
+        with torch.no_grad():
+            lp, mask = completion_logprobs(policy, *args, pad_id=0, temperature=TEMPERATURE)
+            ref, _ = completion_logprobs(reference, *args, pad_id=0, temperature=TEMPERATURE)
+        for t in range(int(mask.sum())):
+            d = (ref[0, t] - lp[0, t]).item()
+            total, tokens = total + math.exp(d) - d - 1, tokens + 1
+    measured = reference_kl(policy, reference, rollouts, pad_id=0, temperature=TEMPERATURE, batch_size=3)
+    assert measured > 0 and measured == pytest.approx(total / tokens, rel=1e-5)
