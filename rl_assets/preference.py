@@ -15,7 +15,7 @@ from collections import defaultdict
 import pyarrow as pa
 
 from rl_assets.config import TrainParams
-from rl_assets.train import join_rewards, resolve_mixed_precision
+from rl_assets.train import join_rewards, trainer_precision
 
 
 def _groups(rollouts: pa.Table, rewards: pa.Table) -> dict[str, list[tuple[float, int, str, str]]]:
@@ -57,11 +57,6 @@ def _reward_stats(rollouts: pa.Table, rewards: pa.Table) -> dict:
     return {"reward_mean": reward.mean().item(), "reward_std": reward.std().item() if len(reward) > 1 else 0.0}
 
 
-def _precision(params: TrainParams, use_cpu: bool) -> dict:
-    mode = resolve_mixed_precision(params.mixed_precision, "cpu" if use_cpu else "cuda")
-    return {"bf16": mode == "bf16", "fp16": mode == "fp16", "use_cpu": use_cpu}
-
-
 def _common(params: TrainParams, output_dir: str, seed: int, use_cpu: bool, batch_size: int) -> dict:
     """Trainer arguments DPO and RFT share, mapped from our `train` section."""
     return dict(output_dir=output_dir, num_train_epochs=params.epochs, per_device_train_batch_size=batch_size,
@@ -69,7 +64,7 @@ def _common(params: TrainParams, output_dir: str, seed: int, use_cpu: bool, batc
                 lr_scheduler_type=params.lr_scheduler, warmup_steps=params.warmup_ratio,  # < 1: a ratio
                 weight_decay=params.weight_decay,
                 max_grad_norm=params.max_grad_norm, gradient_checkpointing=params.gradient_checkpointing, seed=seed, data_seed=seed,
-                logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0, **_precision(params, use_cpu))
+                logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0, **trainer_precision(params.mixed_precision, use_cpu))
 
 
 def dpo_config(params: TrainParams, output_dir: str, seed: int, use_cpu: bool):

@@ -7,6 +7,7 @@ import tempfile
 import pyarrow as pa
 
 from rl_assets.config import SFTParams
+from rl_assets.train import trainer_precision
 
 
 def sft_config(params: SFTParams, output_dir: str, seed: int, use_cpu: bool):
@@ -23,8 +24,7 @@ def sft_config(params: SFTParams, output_dir: str, seed: int, use_cpu: bool):
         weight_decay=0.0,
         seed=seed,
         data_seed=seed,
-        bf16=False,  # TRL defaults to bf16, which fails on CPU; mixed precision is a GPU-run choice
-        use_cpu=use_cpu,
+        **trainer_precision("auto", use_cpu),  # TRL's bf16 default fails on CPU: fp32 there, bf16/fp16 on GPUs
         logging_steps=max(1, params.max_steps // 10),
         save_strategy="no",
         report_to=[],

@@ -58,6 +58,16 @@ def resolve_mixed_precision(requested: str, device: str) -> str:
     return "no"
 
 
+def trainer_precision(requested: str, use_cpu: bool) -> dict:
+    """The bf16 / fp16 / use_cpu flags of a transformers TrainingArguments for `requested` (see resolve_mixed_precision).
+
+    >>> trainer_precision("auto", use_cpu=True)
+    {'bf16': False, 'fp16': False, 'use_cpu': True}
+    """
+    mode = resolve_mixed_precision(requested, "cpu" if use_cpu else "cuda")
+    return {"bf16": mode == "bf16", "fp16": mode == "fp16", "use_cpu": use_cpu}
+
+
 def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
     out = torch.zeros(len(rows), width)
     for i, row in enumerate(rows):
