@@ -58,6 +58,31 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
     return out
 
 
+def _completion_forward(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int, temperature: float):
+    """One right-padded forward pass: (logits (N, width - 1, V) predicting each next token, targets (N, width - 1))."""
+    device = next(model.parameters()).device
+    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + c)
+        attention[i, : lengths[i]] = 1
+    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float() / temperature
+    return logits[:, :-1], input_ids[:, 1:].to(device)
+
+
+def _completion_positions(values: torch.Tensor, prompt_ids: list[list[int]], completion_ids: list[list[int]]):
+    """The completion positions of per-position `values` (N, width - 1, ...), left-aligned: ((N, T, ...), mask (N, T))."""
+    span = max(1, max(len(c) for c in completion_ids))
+    out = values.new_zeros((len(prompt_ids), span, *values.shape[2:]))
+    mask = values.new_zeros((len(prompt_ids), span))
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        if c:
+            out[i, : len(c)] = values[i, len(p) - 1 : len(p) - 1 + len(c)]
+            mask[i, : len(c)] = 1
+    return out, mask
+
+
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
                         temperature: float = 1.0, with_entropy: bool = False):
     """Per-token log-probs of each completion given its prompt.
@@ -66,31 +91,21 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     Returns (logprobs, mask), both (N, T) with T the longest completion; padding has mask 0. With
     `with_entropy`, a third (N, T) tensor holds the policy's (detached) entropy at each position.
     """
-    device = next(model.parameters()).device
-    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
-    width, span = max(lengths), max(1, max(len(c) for c in completion_ids))
-    input_ids = torch.full((len(lengths), width), pad_id, dtype=torch.long)
-    attention = torch.zeros_like(input_ids)
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        input_ids[i, : lengths[i]] = torch.tensor(p + c)
-        attention[i, : lengths[i]] = 1
-    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float() / temperature
-    logprobs = torch.zeros(len(lengths), span, device=device)
-    mask = torch.zeros(len(lengths), span, device=device)
-    all_logprobs = torch.log_softmax(logits[:, :-1], dim=-1)
-    targets = input_ids[:, 1:].to(device)
-    token_logprobs = all_logprobs.gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, width - 1)
-    entropy = torch.zeros(len(lengths), span, device=device) if with_entropy else None
-    if with_entropy:
-        with torch.no_grad():
-            all_entropy = token_entropy(logits[:, :-1])
-    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
-        if c:
-            logprobs[i, : len(c)] = token_logprobs[i, len(p) - 1 : len(p) - 1 + len(c)]
-            mask[i, : len(c)] = 1
-            if with_entropy:
-                entropy[i, : len(c)] = all_entropy[i, len(p) - 1 : len(p) - 1 + len(c)]
-    return (logprobs, mask, entropy) if with_entropy else (logprobs, mask)
+    logits, targets = _completion_forward(model, prompt_ids, completion_ids, pad_id, temperature)
+    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, width - 1)
+    logprobs, mask = _completion_positions(token_logprobs, prompt_ids, completion_ids)
+    if not with_entropy:
+        return logprobs, mask
+    with torch.no_grad():
+        entropy, _ = _completion_positions(token_entropy(logits), prompt_ids, completion_ids)
+    return logprobs, mask, entropy
+
+
+def completion_distributions(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
+                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
+    """The whole next-token log-distribution at each completion position: ((N, T, V) log-probs, (N, T) mask)."""
+    logits, _ = _completion_forward(model, prompt_ids, completion_ids, pad_id, temperature)
+    return _completion_positions(torch.log_softmax(logits, dim=-1), prompt_ids, completion_ids)
 
 
 def choose_prompts(prompts: pa.Table, count: int, round_number: int, seed: int) -> pa.Table:

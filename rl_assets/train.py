@@ -23,7 +23,7 @@ from tqdm.auto import tqdm
 from rl_assets.advantages import equal_reward_group_share, group_advantages, reinforce_pp_advantages, rloo_advantages
 from rl_assets.config import TrainParams
 from rl_assets.losses import policy_loss
-from rl_assets.rollouts import completion_logprobs
+from rl_assets.rollouts import completion_distributions, completion_logprobs
 from rl_assets.train_state import commit_state, latest_state, state_path
 
 TOKEN_METRICS = ("clip_low", "clip_high", "clip_fraction", "kl_old", "kl_ref", "entropy")
@@ -196,23 +196,24 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     return model, result, history
 
 
-def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperature: float, batch_size: int = 128,
+def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperature: float, batch_size: int = 16,
                  max_rows: int = 1024) -> float:
-    """How far the policy has moved from the reference (r00): mean k3 estimate of KL(policy || reference).
+    """How far the policy has moved from the reference (r00): mean per-token KL(policy || reference).
 
-    Measured on the completion tokens of the round's stored rollouts (the first `max_rows`, in table
-    order, so the figure is deterministic), whatever `train.beta` is: the guard that stops drifting
-    runs reads it.
+    The KL is exact over the vocabulary at each completion position of the round's stored rollouts
+    (the first `max_rows`, in table order, so the figure is deterministic). A sampled estimator such
+    as k3 would be heavy-tailed here: the rollouts come from the previous policy, not this one.
+    Measured whatever `train.beta` is: the guard that stops drifting runs reads it.
     """
     prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist()[:max_rows], rollouts["completion_ids"].to_pylist()[:max_rows]
     total = tokens = 0.0
     with torch.no_grad():
         for start in range(0, len(prompt_ids), batch_size):
             rows = slice(start, start + batch_size)
-            policy, mask = completion_logprobs(model, prompt_ids[rows], completion_ids[rows], pad_id, temperature)
-            reference, _ = completion_logprobs(ref_model, prompt_ids[rows], completion_ids[rows], pad_id, temperature)
-            delta = reference.to(policy.device) - policy
-            total += ((torch.exp(delta) - delta - 1) * mask).sum().item()
+            policy, mask = completion_distributions(model, prompt_ids[rows], completion_ids[rows], pad_id, temperature)
+            reference, _ = completion_distributions(ref_model, prompt_ids[rows], completion_ids[rows], pad_id, temperature)
+            per_position = (policy.exp() * (policy - reference.to(policy.device))).sum(dim=-1)  # (N, T)
+            total += (per_position * mask).sum().item()
             tokens += mask.sum().item()
     return total / max(tokens, 1.0)
 

@@ -215,7 +215,8 @@ def test_resume_refuses_a_state_from_another_configuration(rollouts, tmp_path):
     assert metrics["resumed_from_step"] == 0
 
 
-def test_reference_kl_is_zero_against_itself_and_the_k3_mean_otherwise(rollouts):
+def test_reference_kl_is_zero_against_itself_and_the_exact_kl_otherwise(rollouts):
+    from rl_assets.rollouts import completion_distributions
     from rl_assets.train import reference_kl
 
     policy, reference = new_tiny_model(0), new_tiny_model(1)
@@ -224,10 +225,10 @@ def test_reference_kl_is_zero_against_itself_and_the_k3_mean_otherwise(rollouts)
     for row in range(rollouts.num_rows):
         args = ([rollouts["prompt_ids"][row].as_py()], [rollouts["completion_ids"][row].as_py()])
         with torch.no_grad():
-            lp, mask = completion_logprobs(policy, *args, pad_id=0, temperature=TEMPERATURE)
-            ref, _ = completion_logprobs(reference, *args, pad_id=0, temperature=TEMPERATURE)
+            p, mask = completion_distributions(policy, *args, pad_id=0, temperature=TEMPERATURE)
+            q, _ = completion_distributions(reference, *args, pad_id=0, temperature=TEMPERATURE)
         for t in range(int(mask.sum())):
-            d = (ref[0, t] - lp[0, t]).item()
-            total, tokens = total + math.exp(d) - d - 1, tokens + 1
+            total += sum(math.exp(a) * (a - b) for a, b in zip(p[0, t].tolist(), q[0, t].tolist()))
+            tokens += 1
     measured = reference_kl(policy, reference, rollouts, pad_id=0, temperature=TEMPERATURE, batch_size=3)
     assert measured > 0 and measured == pytest.approx(total / tokens, rel=1e-5)
