@@ -232,3 +232,11 @@ def test_reference_kl_is_zero_against_itself_and_the_exact_kl_otherwise(rollouts
             tokens += 1
     measured = reference_kl(policy, reference, rollouts, pad_id=0, temperature=TEMPERATURE, batch_size=3)
     assert measured > 0 and measured == pytest.approx(total / tokens, rel=1e-5)
+
+
+def test_gradient_checkpointing_gives_the_same_update(rollouts):
+    plain, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0])
+    checkpointed, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0], TRAIN.model_copy(update={"gradient_checkpointing": True}))
+    assert not checkpointed.is_gradient_checkpointing  # switched off again for sampling and saving
+    first, second = plain.state_dict(), checkpointed.state_dict()
+    assert all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
