@@ -50,7 +50,15 @@ def advantages_for(params: TrainParams, reward: torch.Tensor, group_size: int) -
 
 
 def resolve_mixed_precision(requested: str, device: str) -> str:
-    """auto: bf16 on GPUs that support it, fp16 (with loss scaling) on older GPUs, fp32 ("no") on CPU."""
+    """auto: bf16 on GPUs that support it, fp16 (with loss scaling) on older GPUs, fp32 ("no") on CPU.
+
+    >>> resolve_mixed_precision("fp16", "cpu")
+    Traceback (most recent call last):
+    ...
+    ValueError: train.mixed_precision: fp16 needs a GPU (loss scaling is CUDA-only); use auto, no or bf16 on CPU
+    """
+    if requested == "fp16" and not device.startswith("cuda"):
+        raise ValueError("train.mixed_precision: fp16 needs a GPU (loss scaling is CUDA-only); use auto, no or bf16 on CPU")
     if requested != "auto":
         return requested
     if device.startswith("cuda"):
