@@ -16,6 +16,7 @@ import json
 import os
 import shutil
 import sys
+import time
 from pathlib import Path
 
 import pyarrow as pa
@@ -69,16 +70,26 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str) -> 
 
     policy_path = output_path(checkpoint_key(round_number - 1), root)
     prompts_path = output_path("prompts", root)
-    model, tokenizer = load_policy(policy_path, device)
+    model, tokenizer = load_policy(policy_path, device, dtype=_inference_dtype(params, device))
+    started = time.perf_counter()
     table = sample_rollouts(model, tokenizer, read_table(prompts_path, "prompts"), params.rollouts, round_number=round_number,
                             seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
                             model_path=str(policy_path))
+    elapsed = time.perf_counter() - started
     write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", root), ROLLOUTS, "rollouts")
     lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
     samples = [[p, c, a] for p, c, a in zip(table["prompt"].to_pylist()[:8], table["completion"].to_pylist()[:8], table["answer"].to_pylist()[:8])]
     return {"rows": table.num_rows, "prompts": table.num_rows // params.rollouts.samples_per_prompt,
             "mean_completion_tokens": sum(lengths) / len(lengths), "truncated_share": sum(table["truncated"].to_pylist()) / table.num_rows,
+            "completion_tokens_per_second": sum(lengths) / elapsed if elapsed else 0.0,  # sampling plus the log-prob pass
             "samples": {"type": "md", "raw_value": _markdown_table(["prompt", "completion", "answer"], samples)}}
+
+
+def _inference_dtype(params: Params, device: str):
+    """bf16 for sampling and evaluation when training runs in bf16 on a GPU; the checkpoint's own dtype otherwise."""
+    from rl_assets.train import resolve_mixed_precision
+
+    return torch.bfloat16 if device.startswith("cuda") and resolve_mixed_precision(params.train.mixed_precision, device) == "bf16" else None
 
 
 def run_train(params: Params, round_number: int, root: Path, device: str) -> dict:
@@ -158,7 +169,7 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
     report, examples = [], []
     for round_number in range(params.rounds + 1):
         path = output_path(checkpoint_key(round_number), root)
-        model, tokenizer = load_policy(path, device)
+        model, tokenizer = load_policy(path, device, dtype=_inference_dtype(params, device))
         for row in evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed):
             examples += [[checkpoint_key(round_number), row["mode"], *e] for e in row.pop("examples")[:3]]
             report.append({"checkpoint": checkpoint_key(round_number), "checkpoint_id": checkpoint_id(path), **row})

@@ -67,9 +67,9 @@ def load_base_model(params: ModelParams, seed: int):
     return AutoModelForCausalLM.from_pretrained(params.name_or_path), tokenizer
 
 
-def load_policy(path: str | Path, device: str = "cpu"):
-    """(model, tokenizer) of a saved checkpoint folder, in eval mode on `device`."""
-    model = AutoModelForCausalLM.from_pretrained(path).to(device)
+def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None):
+    """(model, tokenizer) of a saved checkpoint folder, in eval mode on `device` (in `dtype`, e.g. bf16 for GPU sampling)."""
+    model = AutoModelForCausalLM.from_pretrained(path, **({"dtype": dtype} if dtype is not None else {})).to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model.eval()
     return model, tokenizer
