@@ -22,6 +22,8 @@ for n in range(1, ROUNDS + 1):
 assets += [evaluation_asset(ROUNDS), promoted_model]
 if (reward_model := reward_model_asset()) is not None:  # only when params configure one
     assets.append(reward_model)
+if PARAMS.owners:  # who to ask about an asset, shown on every asset in the UI
+    assets = [a.map_asset_specs(lambda spec: spec.replace_attributes(owners=PARAMS.owners)) for a in assets]
 
 # Runs that write the project's data queue behind each other (dagster.yaml limits this tag to one at a time).
 rl_pipeline = define_asset_job("rl_pipeline", selection=AssetSelection.all(), tags={"rl_assets/writes": "data"},

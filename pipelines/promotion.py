@@ -15,7 +15,6 @@ from pipelines.steps import ParamsResource, compute_command
     deps=[AssetKey("evaluation")],
     group_name="promotion",
     kinds={"pytorch"},
-    owners=["team:rl"],
     pool="gpu",  # may evaluate the current promoted model again when the evaluation changed
     op_tags=COMPUTE_TAGS,
     description="The best evaluated checkpoint whose guards pass, copied to models/promoted/ with a model card, only when it "

@@ -304,6 +304,7 @@ class PromotionParams(Section):
 class Params(Section):
     seed: int = Field(0, ge=0, description="Seed of every random choice in the pipeline.")
     rounds: int = Field(3, ge=1, le=99, description="R: RL rounds, each rollouts -> rewards -> checkpoint.")
+    owners: list[str] = Field(default_factory=list, description="Owners of every asset in the Dagster UI: emails or 'team:name'.")
     compute: ComputeParams = Field(default_factory=ComputeParams)
     model: ModelParams = Field(default_factory=ModelParams)
     raw_data: RawDataParams
@@ -317,6 +318,13 @@ class Params(Section):
     guards: GuardsParams = Field(default_factory=GuardsParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
     promotion: PromotionParams = Field(default_factory=PromotionParams)
+
+    @model_validator(mode="after")
+    def _check_owners(self):
+        bad = [o for o in self.owners if not (o.startswith("team:") and len(o) > 5) and not re.fullmatch(r"[^@\s]+@[^@\s]+", o)]
+        if bad:
+            raise ValueError(f"owners must be emails or 'team:name', not {bad}")
+        return self
 
     def section_hash(self, *sections: str) -> str:
         """Content hash of the named sections, stored in lineage so a result names the params it used."""

@@ -121,3 +121,10 @@ def test_run_with_a_misspelled_override_stops_before_any_run(micro_copy):
     assert done.returncode == 2
     assert "params.yaml: train.lerning_rate: unknown key" in done.stderr
     assert "dagster run" not in done.stderr and not (micro_copy / "data" / "raw_data.parquet").exists()
+
+
+def test_every_asset_shows_the_owners_of_params_yaml(graph):
+    owners = load_params(REPO / "params.yaml").owners
+    assert owners, "the repo's params.yaml names owners, so this test means something"
+    for key in graph.get_all_asset_keys():
+        assert list(graph.get(key).owners) == owners, key.to_user_string()

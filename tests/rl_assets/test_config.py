@@ -113,6 +113,7 @@ INVALID = [
     ("fractional integer", _set("rounds", 2.5), "rounds: Input should be a valid integer"),
     ("section given as a scalar", _set("train", 5), "train: Input should be a valid dictionary"),
     ("epsilon above range", _set("train/epsilon", 1.5), "train.epsilon: Input should be less than 1"),
+    ("owner that is neither email nor team", _set("owners", ["alice", "team:ml"]), "<top level>: Value error, owners must be emails or 'team:name', not ['alice']"),
     ("unknown algorithm", _set("train/algorithm", "ppo"), "train.algorithm: Input should be 'grpo', 'rloo', 'reinforce_pp', 'dpo' or 'rft'"),
     ("unknown loss type", _set("train/loss_type", "token"), "train.loss_type: Input should be 'grpo', 'bnpo', 'dr_grpo' or 'dapo'"),
     ("accumulation not dividing", _set("train/gradient_accumulation_steps", 3), "train: Value error, minibatch_size=256 must be a multiple of gradient_accumulation_steps=3"),
