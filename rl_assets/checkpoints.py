@@ -14,6 +14,7 @@ from pathlib import Path
 from rl_assets.storage import atomic_path, dir_hash
 
 LINEAGE_FILE = "lineage.json"
+OPTIMIZER_FILE = "optimizer.pt"  # train.carry_optimizer_state: AdamW's moments for the next round (not part of the id)
 
 
 def code_version() -> str:
@@ -27,10 +28,11 @@ def code_version() -> str:
         return f"rl-assets {__version__}"
 
 
-def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None) -> str:
+def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None, extra: dict | None = None) -> str:
     """Write model, tokenizer and lineage card atomically; returns the checkpoint id.
 
     A PEFT model is saved as its adapters, or merged into full weights when `lora.merge` is set.
+    `extra` maps file names to objects saved beside them with torch.save (e.g. the optimizer state).
     """
     if lora is not None and lora.enabled and lora.merge:
         model = model.merge_and_unload()
@@ -38,6 +40,10 @@ def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None
     with atomic_path(path, is_dir=True) as tmp:
         model.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
+        for name, value in (extra or {}).items():
+            import torch  # only here: guards, lineage and the CLI read checkpoints without torch
+
+            torch.save(value, tmp / name)
         checkpoint_id = weights_hash(tmp)
         card = {"checkpoint_id": checkpoint_id, "code_version": code_version(), **lineage}
         (tmp / LINEAGE_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")

@@ -23,7 +23,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
-from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
+from rl_assets.checkpoints import OPTIMIZER_FILE, checkpoint_id, read_lineage, save_checkpoint
 from rl_assets.config import Params, load_params
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix, train_state_dir
 from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, write_table
@@ -106,7 +106,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
     model, tokenizer = load_trainable_policy(parent, params.train.lora, output_path(checkpoint_key(0), root), device)
     seed = params.seed * 1000 + round_number
     train = params.train
-    ref_model = None
+    ref_model = optimizer_state = None
     if train.algorithm in ("dpo", "rft"):
         from rl_assets.preference import train_dpo, train_rft
 
@@ -118,10 +118,12 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
 
         ref_model = load_policy(output_path(checkpoint_key(0), root), device)[0] if train.beta > 0 else None
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
-        model, metrics, history = train_on_rollouts(
+        carried = parent / OPTIMIZER_FILE
+        model, metrics, history, optimizer_state = train_on_rollouts(
             model, rollouts, rewards, train, group_size=params.rollouts.samples_per_prompt, temperature=params.rollouts.temperature,
             pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
-            state_dir=train_state_dir(round_number, root), fingerprint=state)
+            state_dir=train_state_dir(round_number, root), fingerprint=state,
+            optimizer_state=torch.load(carried, map_location=device) if train.carry_optimizer_state and carried.is_file() else None)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     from rl_assets.train import reference_kl
@@ -131,7 +133,8 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
                "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
                "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history}
-    save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora)
+    extra = {OPTIMIZER_FILE: optimizer_state} if train.carry_optimizer_state and train.algorithm not in ("dpo", "rft") else {}
+    save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora, extra=extra)
     shutil.rmtree(train_state_dir(round_number, root), ignore_errors=True)  # the round is done; its resume points are not needed
     return metrics
 

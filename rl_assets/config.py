@@ -264,6 +264,8 @@ class TrainParams(Section):
     save_steps: int = Field(0, ge=0, description="Save the full training state every this many optimizer steps (0: never); a rerun resumes.")
     keep_last: int = Field(2, ge=1, description="Intermediate training states kept per round; older ones are deleted.")
     resume: bool = Field(True, description="Resume from a saved state of the same round; false discards it and starts over.")
+    carry_optimizer_state: bool = Field(False, description="Keep AdamW's moments from round to round (saved as optimizer.pt in each "
+                                                           "checkpoint), as one long TRL run does; off starts each round fresh.")
     lora: LoraParams = Field(default_factory=LoraParams)
     dpo: DPOParams = Field(default_factory=DPOParams)
     rft: RFTParams = Field(default_factory=RFTParams)

@@ -85,8 +85,12 @@ def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
 
 def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, group_size: int, temperature: float,
                       pad_id: int, seed: int, max_new_tokens: int, device: str = "cpu", ref_model=None,
-                      state_dir: Path | None = None, fingerprint: dict | None = None, progress: bool = True):
-    """Update `model` in place on the stored table; returns (trained model, the round's metrics, per-step history)."""
+                      state_dir: Path | None = None, fingerprint: dict | None = None, optimizer_state: dict | None = None,
+                      progress: bool = True):
+    """Update `model` on the stored table; returns (trained model, the round's metrics, per-step history, optimizer state).
+
+    `optimizer_state` continues the previous round's AdamW moments (train.carry_optimizer_state) instead of a fresh optimizer.
+    """
     from accelerate import Accelerator
     from transformers import get_scheduler
 
@@ -110,6 +114,10 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
         model.config.use_cache = False
         model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=params.learning_rate, weight_decay=params.weight_decay)
+    if optimizer_state is not None:
+        optimizer.load_state_dict(optimizer_state)
+        for group in optimizer.param_groups:  # this round's settings, the carried moments
+            group.update(lr=params.learning_rate, initial_lr=params.learning_rate, weight_decay=params.weight_decay)
     scheduler = get_scheduler(params.lr_scheduler, optimizer, num_warmup_steps=round(params.warmup_ratio * total_steps), num_training_steps=total_steps)
     model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
@@ -182,6 +190,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     bar.close()
     elapsed = time.perf_counter() - started
     model = accelerator.unwrap_model(model)
+    final_optimizer_state = optimizer.optimizer.state_dict() if hasattr(optimizer, "optimizer") else optimizer.state_dict()
     model.eval()
     if params.gradient_checkpointing:
         model.gradient_checkpointing_disable()
@@ -200,8 +209,9 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
         truncated_share=1.0 - keep.mean().item() if params.mask_truncated_completions else float(sum(rollouts["truncated"].to_pylist()) / n),
         world_size=world,
         mixed_precision=accelerator.mixed_precision,
+        carried_optimizer_state=optimizer_state is not None,
     )
-    return model, result, history
+    return model, result, history, final_optimizer_state
 
 
 def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperature: float, batch_size: int = 16,

@@ -47,7 +47,7 @@ def test_only_adapters_train_and_they_save_as_a_loadable_adapter_folder(base, tm
     trainable = {n for n, p in model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
     frozen_before = {n: p.detach().clone() for n, p in model.named_parameters() if not p.requires_grad}
-    model, metrics, _ = train_lora(model)
+    model, metrics, _, _ = train_lora(model)
     assert metrics["steps"] == 2
     assert all(torch.equal(frozen_before[n], p) for n, p in model.named_parameters() if not p.requires_grad)
 
@@ -68,7 +68,7 @@ def test_only_adapters_train_and_they_save_as_a_loadable_adapter_folder(base, tm
 
 def test_merge_saves_full_weights_with_the_adapted_outputs(base, tmp_path):
     model, tokenizer = load_trainable_policy(base, LORA, base)
-    model, _, _ = train_lora(model)
+    model, _, _, _ = train_lora(model)
     ids = torch.tensor([[1, 10, 11, 12]])
     with torch.no_grad():
         expected = model(input_ids=ids).logits

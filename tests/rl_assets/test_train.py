@@ -74,7 +74,7 @@ def sequence_logprob(model, rollouts: pa.Table, row: int) -> float:
 def train(rollouts, totals, params=TRAIN, ref_model=None):
     model = new_tiny_model(0)  # the policy that sampled the rollouts
     before = {k: v.clone() for k, v in model.state_dict().items()}
-    model, metrics, _ = train_on_rollouts(model, rollouts, rewards_for(rollouts, totals), params, group_size=2, temperature=TEMPERATURE,
+    model, metrics, _, _ = train_on_rollouts(model, rollouts, rewards_for(rollouts, totals), params, group_size=2, temperature=TEMPERATURE,
                                           pad_id=0, seed=0, max_new_tokens=4, ref_model=ref_model, progress=False)
     return model, before, metrics
 
@@ -154,7 +154,7 @@ def test_masking_truncated_completions_leaves_them_out_of_the_loss(rollouts):
 def test_warmup_and_schedule_shape_the_learning_rate(rollouts):
     params = TRAIN.model_copy(update={"minibatch_size": 2, "epochs": 4, "warmup_ratio": 0.25, "lr_scheduler": "linear"})
     model = new_tiny_model(0)
-    _, _, history = train_on_rollouts(model, rollouts, rewards_for(rollouts, [1.0, 0.0, 0.0, 1.0]), params, group_size=2,
+    _, _, history, _ = train_on_rollouts(model, rollouts, rewards_for(rollouts, [1.0, 0.0, 0.0, 1.0]), params, group_size=2,
                                       temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4, progress=False)
     rates = [h["learning_rate"] for h in history]
     assert len(rates) == 8 and rates[1] == pytest.approx(1e-2)  # 2 warmup steps reach the peak ...
@@ -169,7 +169,7 @@ FINGERPRINT = {"train": {"learning_rate": 1e-2}, "inputs": {"rollouts": "r", "re
 
 
 def run_resumable(rollouts, state_dir, params=RESUMABLE, fingerprint=FINGERPRINT):
-    model, metrics, history = train_on_rollouts(new_tiny_model(0), rollouts, rewards_for(rollouts, [1.0, 0.0, 0.3, 0.9]), params,
+    model, metrics, history, _ = train_on_rollouts(new_tiny_model(0), rollouts, rewards_for(rollouts, [1.0, 0.0, 0.3, 0.9]), params,
                                                 group_size=2, temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4,
                                                 state_dir=state_dir, fingerprint=fingerprint, progress=False)
     return model.state_dict(), metrics, history
@@ -240,3 +240,23 @@ def test_gradient_checkpointing_gives_the_same_update(rollouts):
     assert not checkpointed.is_gradient_checkpointing  # switched off again for sampling and saving
     first, second = plain.state_dict(), checkpointed.state_dict()
     assert all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
+
+
+def test_carried_optimizer_state_continues_adam_instead_of_starting_fresh(rollouts):
+    """Two rounds with the moments carried equal one optimizer over both; a fresh AdamW per round differs."""
+    params = TRAIN.model_copy(update={"learning_rate": 1e-3, "carry_optimizer_state": True})
+    rewards = rewards_for(rollouts, [1.0, 0.0, 0.5, 0.0])
+    run = lambda model, state=None: train_on_rollouts(model, rollouts, rewards, params, group_size=2, temperature=TEMPERATURE,  # noqa: E731
+                                                      pad_id=0, seed=0, max_new_tokens=4, optimizer_state=state, progress=False)
+    model, _, _, state = run(new_tiny_model(0))
+    assert state["state"] and all(s["step"] == 1 for s in state["state"].values())
+    carried, metrics, _, carried_state = run(model, state)
+    assert metrics["carried_optimizer_state"] and all(s["step"] == 2 for s in carried_state["state"].values())
+    both = new_tiny_model(0)  # the same two steps with one optimizer
+    two_epochs = params.model_copy(update={"epochs": 2})
+    one_run, _, _, _ = train_on_rollouts(both, rollouts, rewards, two_epochs, group_size=2, temperature=TEMPERATURE, pad_id=0, seed=0,
+                                         max_new_tokens=4, progress=False)
+    fresh, _, _, _ = run(run(new_tiny_model(0))[0])
+    a, b, c = carried.state_dict(), one_run.state_dict(), fresh.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    assert any(not torch.allclose(a[k], c[k], atol=1e-6) for k in a)
