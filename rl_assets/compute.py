@@ -103,9 +103,9 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
     rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
     trained_on = {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}
     world = dist.get_world_size() if dist.is_initialized() else 1
-    model, tokenizer = load_trainable_policy(parent, params.train.lora, output_path(checkpoint_key(0), root), device)
-    seed = params.seed * 1000 + round_number
     train = params.train
+    model, tokenizer = load_trainable_policy(parent, train.lora, output_path(checkpoint_key(0), root), device)
+    seed = params.seed * 1000 + round_number
     ref_model = optimizer_state = None
     if train.algorithm in ("dpo", "rft"):
         from rl_assets.preference import train_dpo, train_rft

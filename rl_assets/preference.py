@@ -13,6 +13,7 @@ import tempfile
 from collections import defaultdict
 
 import pyarrow as pa
+import torch
 
 from rl_assets.config import TrainParams
 from rl_assets.train import join_rewards, trainer_precision
@@ -52,8 +53,9 @@ def top_completions(rollouts: pa.Table, rewards: pa.Table, top_k: int, min_rewar
     return kept
 
 
-def _reward_stats(rollouts: pa.Table, rewards: pa.Table) -> dict:
-    reward = join_rewards(rollouts, rewards)
+def _reward_stats(rewards: pa.Table) -> dict:
+    """Mean and std of the round's rewards (the pair or top-k selection already matched them to the rollouts)."""
+    reward = torch.tensor(rewards["reward"].to_pylist(), dtype=torch.float64)
     return {"reward_mean": reward.mean().item(), "reward_std": reward.std().item() if len(reward) > 1 else 0.0}
 
 
@@ -98,7 +100,7 @@ def train_dpo(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: T
     from trl import DPOTrainer
 
     pairs = preference_pairs(rollouts, rewards, params.dpo.min_margin)
-    extra = {**_reward_stats(rollouts, rewards), "pairs": len(pairs), "prompts": len(set(rollouts["prompt_id"].to_pylist())),
+    extra = {**_reward_stats(rewards), "pairs": len(pairs), "prompts": len(set(rollouts["prompt_id"].to_pylist())),
              "mean_margin": sum(p["margin"] for p in pairs) / len(pairs) if pairs else 0.0}
     if not pairs:  # every group is flat or too close: nothing to prefer, the parent goes on unchanged
         return model, {**extra, "steps": 0, "loss": None, "history": []}
@@ -117,7 +119,7 @@ def train_rft(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: T
     from trl import SFTTrainer
 
     kept = top_completions(rollouts, rewards, params.rft.top_k, params.rft.min_reward)
-    extra = {**_reward_stats(rollouts, rewards), "kept": len(kept), "kept_share": len(kept) / max(rollouts.num_rows, 1),
+    extra = {**_reward_stats(rewards), "kept": len(kept), "kept_share": len(kept) / max(rollouts.num_rows, 1),
              "kept_reward_mean": sum(k["reward"] for k in kept) / len(kept) if kept else 0.0}
     if not kept:  # nothing reached the threshold: the parent goes on unchanged
         return model, {**extra, "steps": 0, "loss": None, "history": []}

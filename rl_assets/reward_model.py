@@ -56,6 +56,8 @@ def reward_config(params: RewardModelParams, output_dir: str, seed: int, use_cpu
     """Our `reward_model` section mapped onto TRL's RewardConfig (the only place the two meet)."""
     from trl import RewardConfig
 
+    from rl_assets.train import trainer_precision
+
     return RewardConfig(
         output_dir=output_dir,
         max_steps=params.max_steps,
@@ -64,8 +66,7 @@ def reward_config(params: RewardModelParams, output_dir: str, seed: int, use_cpu
         max_length=params.max_length,
         seed=seed,
         data_seed=seed,
-        bf16=False,  # TRL defaults to bf16, which fails on CPU; mixed precision is a GPU-run choice
-        use_cpu=use_cpu,
+        **trainer_precision("auto", use_cpu),  # TRL's bf16 default fails on CPU: fp32 there, bf16/fp16 on GPUs
         logging_steps=max(1, params.max_steps // 10),
         save_strategy="no",
         report_to=[],
