@@ -62,6 +62,7 @@ bench: setup
 	$(PY) bench/import_time.py
 	$(PY) bench/orchestration_overhead.py
 	$(PY) bench/vs_trl.py
+	$(PY) bench/memory.py
 
 clean:
 	rm -rf data/raw_data.parquet data/prompts.parquet data/r[0-9]* data/evaluation* $(DAGSTER_HOME)

@@ -5,6 +5,8 @@
 #
 #   bash bench/gpu_check.sh                          # DEVICE=cuda SHAPE=medium (hidden 1024, 12 layers: ~201M)
 #   DEVICE=cpu SHAPE=small bash bench/gpu_check.sh   # CPU dry run of this script (a ~0.3M model, seconds)
+#   SHAPE=gsm8k bash bench/gpu_check.sh              # the GSM8K example's shape: Qwen2.5-0.5B's architecture (151,936-token
+#                                                    # vocabulary, GQA) from a config, chat prompts, 256-token completions
 #
 # Settings (environment): DEVICE cuda|cpu, SHAPE small|medium|"hidden,layers,heads,intermediate",
 # PEAK_TFLOPS (dense bf16 peak of the device; otherwise looked up from nvidia-smi's GPU name),
@@ -26,12 +28,16 @@ SHAPE=${SHAPE:-medium}
 ENGINE=${ENGINE:-transformers}
 
 case "$SHAPE" in
+  gsm8k)  HIDDEN=896;  LAYERS=24; HEADS=14; INTER=4864 ;;  # Qwen2.5-0.5B-Instruct's shape; DEVICE=cpu shrinks it below
   small)  HIDDEN=128;  LAYERS=2;  HEADS=4;  INTER=256 ;;
   medium) HIDDEN=1024; LAYERS=12; HEADS=16; INTER=4096 ;;
   *,*,*,*) IFS=, read -r HIDDEN LAYERS HEADS INTER <<<"$SHAPE" ;;
   *) echo "SHAPE must be small, medium or hidden,layers,heads,intermediate" >&2; exit 2 ;;
 esac
-if [ "$DEVICE" = cuda ]; then   # the round: B=512 prompts x G=8, up to 128 new tokens, 2 epochs of 256-completion minibatches
+if [ "$SHAPE" = gsm8k ]; then   # examples/gsm8k's round shape: B=64 x G=8, up to 256 new tokens, micro-batches of 16
+  B=64; G=8; NEW=256; GEN_BATCH=512; MINIBATCH=128; SFT_STEPS=1; SFT_BATCH=1; MIXED=${MIXED:-bf16}
+  [ "$DEVICE" = cuda ] || { HIDDEN=64; LAYERS=2; HEADS=4; INTER=128; B=4; G=2; NEW=32; GEN_BATCH=8; MINIBATCH=8; MIXED=no; }
+elif [ "$DEVICE" = cuda ]; then   # the round: B=512 prompts x G=8, up to 128 new tokens, 2 epochs of 256-completion minibatches
   B=512; G=8; NEW=128; GEN_BATCH=1024; MINIBATCH=256; SFT_STEPS=${SFT_STEPS:-20}; SFT_BATCH=64; MIXED=${MIXED:-bf16}
 else                            # the dry run: same steps, a few seconds of work
   B=16; G=4; NEW=16; GEN_BATCH=64; MINIBATCH=32; SFT_STEPS=${SFT_STEPS:-3}; SFT_BATCH=16; MIXED=${MIXED:-no}
@@ -75,9 +81,50 @@ WORK=$(mktemp -d /tmp/rl-assets-gpu-check-XXXXXX)
 mkdir -p "$WORK/data"
 cp -r "$REPO/rl_assets" "$WORK/"
 cp -r "$REPO/data/raw" "$WORK/data/"
+mkdir -p "$WORK/tests" && cp "$REPO/tests/real_models.py" "$WORK/tests/"  # the BPE tokenizer builder; trains on $WORK/data/raw
 cd "$WORK"
-export PYTHONPATH=$WORK TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$WORK:$WORK/tests TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
+if [ "$SHAPE" = gsm8k ]; then
+"$PY" - "$HIDDEN" "$LAYERS" "$HEADS" "$INTER" <<'PY'
+import sys
+import torch
+from transformers import AutoModelForCausalLM, Qwen2Config
+from real_models import build_bpe_tokenizer, end_token_ids
+hidden, layers, heads, inter = map(int, sys.argv[1:])
+tokenizer = build_bpe_tokenizer("qwen2")  # byte-level BPE with Qwen2.5's special tokens and chat template, trained locally
+config = Qwen2Config(vocab_size=151936, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=2,
+                     intermediate_size=inter, tie_word_embeddings=True, max_position_embeddings=2048,
+                     eos_token_id=end_token_ids(tokenizer, "qwen2"), pad_token_id=tokenizer.pad_token_id)
+torch.manual_seed(0)
+AutoModelForCausalLM.from_config(config).save_pretrained("base")
+tokenizer.save_pretrained("base")
+PY
+ACCUM=$((MINIBATCH / 16 > 0 ? MINIBATCH / 16 : 1))
+cat > params.yaml <<EOF
+seed: 0
+rounds: 1
+compute: {nproc: 1, device: "$DEVICE", gpus_per_step: 0}
+model: {name_or_path: base}
+raw_data:
+  sources:
+    - {kind: generator, path: data/raw/math_problems.json, count: 2000}
+prompts:
+  eval_fraction: 0.1
+  sft_fraction: 0.0
+  max_prompt_tokens: 512
+  template: "{prompt}\nLet's think step by step and output the final answer after \"####\"."
+  chat_template: true
+sft: {enabled: false}
+rollouts: {prompts_per_round: $B, samples_per_prompt: $G, temperature: 1.0, top_p: 1.0, max_new_tokens: $NEW, batch_size: $GEN_BATCH, logprob_batch_size: 16, engine: "$ENGINE"}
+rewards:
+  functions:
+    - {name: math_answer, weight: 1.0}
+    - {name: format_regex, weight: 0.1, options: {pattern: '.*####\s*-?[\d,]*\.?\d+'}}
+train: {algorithm: grpo, learning_rate: 1.0e-6, epochs: 1, minibatch_size: $MINIBATCH, gradient_accumulation_steps: $ACCUM, gradient_checkpointing: true, beta: 0.0, mixed_precision: "$MIXED"}
+evaluation: {max_prompts: 32, samples_per_prompt: 2, temperature: 1.0, max_new_tokens: $NEW, correctness: math_answer}
+EOF
+else
 cat > params.yaml <<EOF
 seed: 0
 rounds: 1
@@ -97,6 +144,7 @@ rewards:
 train: {algorithm: grpo, learning_rate: 1.0e-5, epochs: 2, minibatch_size: $MINIBATCH, epsilon: 0.2, beta: 0.0, max_grad_norm: 1.0, mixed_precision: "$MIXED"}
 evaluation: {max_prompts: 64, samples_per_prompt: 4, temperature: 1.0, max_new_tokens: 8}
 EOF
+fi
 
 step() {  # step NAME COMMAND...: runs with the time that is left, log in $WORK/NAME.log
   local name=$1 left=$((DEADLINE - SECONDS)) started=$SECONDS
@@ -131,27 +179,29 @@ from rl_assets.checkpoints import checkpoint_id
 from rl_assets.config import load_params
 from rl_assets.models import load_policy, pick_device
 from rl_assets.paths import checkpoint_key, output_path
+from rl_assets.precision import compute_autocast, resolve_mixed_precision, weights_dtype
 from rl_assets.rollouts import generate, sample_rollouts
 from rl_assets.schemas import ROLLOUTS, read_table, write_table
 from rl_assets.storage import file_hash
 params = load_params('params.yaml')
 device = pick_device(params.compute.device)
 policy, prompts_path = output_path(checkpoint_key(0)), output_path('prompts')
-model, tokenizer = load_policy(policy, device)
+mode = resolve_mixed_precision(params.train.mixed_precision, device)  # the trainer's precision, as the rollouts step uses it
+model, tokenizer = load_policy(policy, device, dtype=weights_dtype(mode))
 prompts = read_table(prompts_path, 'prompts')
 sync = torch.cuda.synchronize if device == 'cuda' else (lambda: None)
 generate(model, tokenizer, ['1+1='] * 8, 2, greedy=False, max_new_tokens=4)  # warm-up: CUDA context and kernels are not the round's cost
 sync()
 started = time.perf_counter()
 table = sample_rollouts(model, tokenizer, prompts, params.rollouts, round_number=1, seed=params.seed, policy_id=checkpoint_id(policy),
-                        prompts_hash=file_hash(prompts_path), progress=False, model_path=str(policy))
+                        prompts_hash=file_hash(prompts_path), progress=False, model_path=str(policy), autocast=compute_autocast(mode, device))
 sync()
 seconds = time.perf_counter() - started
 write_table(table, output_path('r01/rollouts'), ROLLOUTS, 'rollouts')
 completion = sum(map(len, table['completion_ids'].to_pylist()))
 prompt = sum(map(len, table['prompt_ids'].to_pylist()))
 Path('rollouts_timing.json').write_text(json.dumps({'seconds': seconds, 'rows': table.num_rows, 'completion_tokens': completion, 'prompt_tokens': prompt,
-                  'dtype': str(next(model.parameters()).dtype), 'truncated_share': sum(table['truncated'].to_pylist()) / table.num_rows}))"
+                  'dtype': str(next(model.parameters()).dtype) + ('' if mode == 'no' else ' + ' + mode + ' autocast'), 'truncated_share': sum(table['truncated'].to_pylist()) / table.num_rows}))"
 step rewards "$PY" -c "
 from rl_assets.config import load_params
 from rl_assets.paths import output_path

@@ -126,7 +126,7 @@ def grpo_config(params, prompts_per_round: int, max_rounds: int, output_dir: str
     """Our `rollouts` and `train` sections mapped onto TRL's GRPOConfig, one generation batch = one of our rounds."""
     from trl import GRPOConfig
 
-    from rl_assets.train import resolve_mixed_precision
+    from rl_assets.precision import resolve_mixed_precision
 
     use_cpu, precision = device == "cpu", resolve_mixed_precision(params.train.mixed_precision, device)  # as our training loop picks it
 
@@ -195,7 +195,7 @@ def trl_worker(args: argparse.Namespace) -> None:
             rng = torch.get_rng_state(), torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None
             training = model.training
             model.eval()
-            result = {r["mode"]: r["accuracy"] for r in evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed)}
+            result = {r["mode"]: r["accuracy"] for r in evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards)}
             model.train(training)
             torch.set_rng_state(rng[0])
             if rng[1] is not None:

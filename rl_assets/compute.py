@@ -23,8 +23,9 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
-from rl_assets.checkpoints import OPTIMIZER_FILE, checkpoint_id, read_lineage, save_checkpoint
+from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
 from rl_assets.config import Params, load_params
+from rl_assets.precision import compute_autocast, resolve_mixed_precision, weights_dtype
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix, train_state_dir
 from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, write_table
 from rl_assets.storage import file_hash
@@ -70,11 +71,12 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str) -> 
 
     policy_path = output_path(checkpoint_key(round_number - 1), root)
     prompts_path = output_path("prompts", root)
-    model, tokenizer = load_policy(policy_path, device, dtype=_inference_dtype(params, device))
+    mode = _precision(params, device)
+    model, tokenizer = load_policy(policy_path, device, dtype=weights_dtype(mode))
     started = time.perf_counter()
     table = sample_rollouts(model, tokenizer, read_table(prompts_path, "prompts"), params.rollouts, round_number=round_number,
                             seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
-                            model_path=str(policy_path))
+                            model_path=str(policy_path), autocast=compute_autocast(mode, device))
     elapsed = time.perf_counter() - started
     write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", root), ROLLOUTS, "rollouts")
     lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
@@ -85,17 +87,15 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str) -> 
             "samples": {"type": "md", "raw_value": _markdown_table(["prompt", "completion", "answer"], samples)}}
 
 
-def _inference_dtype(params: Params, device: str):
-    """bf16 for sampling and evaluation when training runs in bf16 on a GPU; the checkpoint's own dtype otherwise."""
-    from rl_assets.train import resolve_mixed_precision
-
-    return torch.bfloat16 if device.startswith("cuda") and resolve_mixed_precision(params.train.mixed_precision, device) == "bf16" else None
+def _precision(params: Params, device: str) -> str:
+    """The one precision mode of every policy forward pass: the trainer's (see precision.py)."""
+    return resolve_mixed_precision(params.train.mixed_precision, device)
 
 
 def run_train(params: Params, round_number: int, root: Path, device: str) -> dict:
     """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
     from rl_assets.models import load_policy, load_trainable_policy
-    from rl_assets.train_state import fingerprint
+    from rl_assets.train_state import fingerprint, load_carried_optimizer, save_carried_optimizer
 
     prefix = round_prefix(round_number)
     parent = output_path(checkpoint_key(round_number - 1), root)
@@ -105,6 +105,8 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
     world = dist.get_world_size() if dist.is_initialized() else 1
     train = params.train
     model, tokenizer = load_trainable_policy(parent, train.lora, output_path(checkpoint_key(0), root), device)
+    if _precision(params, device) == "pure_bf16":
+        model.to(torch.bfloat16)
     seed = params.seed * 1000 + round_number
     ref_model = optimizer_state = None
     if train.algorithm in ("dpo", "rft"):
@@ -114,16 +116,17 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
         model, metrics = run(model, tokenizer, rollouts, rewards, train, seed=seed, use_cpu=not device.startswith("cuda"))
         history = metrics.pop("history")
     else:
-        from rl_assets.train import train_on_rollouts
+        from rl_assets.train import table_group_size, train_on_rollouts
 
         ref_model = load_policy(output_path(checkpoint_key(0), root), device)[0] if train.beta > 0 else None
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
-        carried = parent / OPTIMIZER_FILE
+        carried = load_carried_optimizer(checkpoint_id(parent), root, device) if train.carry_optimizer_state else None
         model, metrics, history, optimizer_state = train_on_rollouts(
-            model, rollouts, rewards, train, group_size=params.rollouts.samples_per_prompt, temperature=params.rollouts.temperature,
+            model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
+            temperature=params.rollouts.temperature,
             pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
             state_dir=train_state_dir(round_number, root), fingerprint=state,
-            optimizer_state=torch.load(carried, map_location=device) if train.carry_optimizer_state and carried.is_file() else None)
+            optimizer_state=carried)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     from rl_assets.train import reference_kl
@@ -133,8 +136,9 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
                "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
                "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history}
-    extra = {OPTIMIZER_FILE: optimizer_state} if train.carry_optimizer_state and train.algorithm not in ("dpo", "rft") else {}
-    save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora, extra=extra)
+    saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora)
+    if optimizer_state is not None and train.carry_optimizer_state:
+        save_carried_optimizer(optimizer_state, saved_id, round_number, root)
     shutil.rmtree(train_state_dir(round_number, root), ignore_errors=True)  # the round is done; its resume points are not needed
     return metrics
 
@@ -172,13 +176,16 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
     report, examples = [], []
     for round_number in range(params.rounds + 1):
         path = output_path(checkpoint_key(round_number), root)
-        model, tokenizer = load_policy(path, device, dtype=_inference_dtype(params, device))
-        for row in evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed):
+        mode = _precision(params, device)
+        model, tokenizer = load_policy(path, device, dtype=weights_dtype(mode))
+        for row in evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
+                                       autocast=compute_autocast(mode, device)):
             examples += [[checkpoint_key(round_number), row["mode"], *e] for e in row.pop("examples")[:3]]
             report.append({"checkpoint": checkpoint_key(round_number), "checkpoint_id": checkpoint_id(path), **row})
     table = pa.Table.from_pylist(report, schema=EVALUATION)
     write_table(table, output_path("evaluation", root), EVALUATION, "evaluation")
-    summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_accuracy": round(r["accuracy"], 4) for r in report}
+    summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_{metric}": round(r[metric], 4)
+               for r in report for metric in ("accuracy", "reward_mean", "pass_at_k")}
     (root / EVALUATION_METRICS).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     write_round_plots(root)
     reward_means = {}
@@ -186,10 +193,11 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
         card = read_lineage(output_path(checkpoint_key(round_number), root))
         reward_means[round_number] = card["metrics"]["reward_mean"]
     plot = _accuracy_plot(report, reward_means, root / EVALUATION_PLOT)
-    accuracy_rows = [[r["checkpoint"], r["mode"], f"{r['accuracy']:.3f}", r["n_prompts"] * r["n_samples"]] for r in report]
+    accuracy_rows = [[r["checkpoint"], r["mode"], f"{r['accuracy']:.3f}", f"{r['pass_at_k']:.3f}", f"{r['reward_mean']:.3f}",
+                      r["n_prompts"] * r["n_samples"]] for r in report]
     return {
         **summary,
-        "accuracy": {"type": "md", "raw_value": _markdown_table(["checkpoint", "mode", "accuracy", "completions"], accuracy_rows)},
+        "accuracy": {"type": "md", "raw_value": _markdown_table(["checkpoint", "mode", f"accuracy ({report[0]['correctness']})", "pass@k", "mean reward", "completions"], accuracy_rows)},
         "plot": {"type": "md", "raw_value": f"![accuracy and reward per round](data:image/png;base64,{plot})"},
         "examples": {"type": "md", "raw_value": _markdown_table(["checkpoint", "mode", "prompt", "completion", "answer"], examples)},
     }

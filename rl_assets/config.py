@@ -148,6 +148,7 @@ class RolloutsParams(Section):
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling threshold.")
     max_new_tokens: int = Field(8, ge=1, description="Completion length cap; longer completions are truncated.")
     batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
+    logprob_batch_size: int = Field(64, ge=1, description="Sequences per forward pass when recomputing the stored log-probs (memory grows with it).")
     engine: Literal["auto", "transformers", "vllm"] = Field("auto", description="auto: vLLM on a GPU when installed, else batched transformers generate.")
 
 
@@ -257,15 +258,19 @@ class TrainParams(Section):
     epsilon_high: float | None = Field(None, gt=0, description="Upper clip (DAPO's clip-higher, e.g. 0.28); None means epsilon.")
     beta: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference (r00) policy; 0 turns it off.")
     scale_rewards: Literal["group", "batch", "none"] = Field("group", description="GRPO's std scaling of advantages; none is Dr. GRPO.")
+    sampler_correction_cap: float | None = Field(3.0, gt=0, description="Cap of the truncated importance weights that correct for a sampler "
+                                                                        "other than the trainer (vLLM's own log-probs, TRL's token_truncate); null: off.")
     mask_truncated_completions: bool = Field(False, description="Leave completions that hit max_new_tokens out of the loss (DAPO).")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
-    mixed_precision: Literal["auto", "no", "bf16", "fp16"] = Field("auto", description="auto: bf16 where the GPU supports it, else fp16 with loss scaling; fp32 on CPU.")
+    mixed_precision: Literal["auto", "no", "bf16", "fp16", "pure_bf16"] = Field(
+        "auto", description="auto: bf16 where the GPU supports it, else fp16 with loss scaling, fp32 on CPU; bf16/fp16 keep fp32 master "
+                            "weights under autocast; pure_bf16: bf16 weights and updates (half the memory, small updates round away).")
     gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
     save_steps: int = Field(0, ge=0, description="Save the full training state every this many optimizer steps (0: never); a rerun resumes.")
     keep_last: int = Field(2, ge=1, description="Intermediate training states kept per round; older ones are deleted.")
     resume: bool = Field(True, description="Resume from a saved state of the same round; false discards it and starts over.")
-    carry_optimizer_state: bool = Field(False, description="Keep AdamW's moments from round to round (saved as optimizer.pt in each "
-                                                           "checkpoint), as one long TRL run does; off starts each round fresh.")
+    carry_optimizer_state: bool = Field(False, description="Keep AdamW's moments from round to round, as one long TRL run does (the "
+                                                           "latest round's only, in data/run_state/, never in a checkpoint); off starts each round fresh.")
     lora: LoraParams = Field(default_factory=LoraParams)
     dpo: DPOParams = Field(default_factory=DPOParams)
     rft: RFTParams = Field(default_factory=RFTParams)
@@ -282,6 +287,8 @@ class EvaluationParams(Section):
     samples_per_prompt: int = Field(4, ge=1, description="Samples per prompt for sampled accuracy.")
     temperature: float = Field(1.0, gt=0, description="Temperature of sampled accuracy.")
     max_new_tokens: int = Field(8, ge=1, description="Completion length cap at evaluation.")
+    correctness: str | None = Field(None, description="The reward function (its score column name) whose score 1 counts as correct; "
+                                                      "default: the first of rewards.functions.")
 
 
 class GuardsParams(Section):
@@ -320,6 +327,13 @@ class Params(Section):
     guards: GuardsParams = Field(default_factory=GuardsParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
     promotion: PromotionParams = Field(default_factory=PromotionParams)
+
+    @model_validator(mode="after")
+    def _check_correctness(self):
+        names = [f.score_name for f in self.rewards.functions]
+        if self.evaluation.correctness is not None and self.evaluation.correctness not in names:
+            raise ValueError(f"evaluation.correctness: {self.evaluation.correctness!r} is not one of the reward functions {names}")
+        return self
 
     @model_validator(mode="after")
     def _check_owners(self):

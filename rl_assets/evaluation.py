@@ -1,4 +1,11 @@
-"""evaluation: accuracy of a checkpoint on the held-out prompts, greedy and sampled."""
+"""evaluation: how well a checkpoint does the task on the held-out prompts, greedy and sampled.
+
+Completions are scored with the configured reward functions, the same ones the rounds train on.
+Accuracy is the share of completions that the correctness function (`evaluation.correctness`,
+default the first reward function) scores 1; the mean total reward and pass@k (k = the samples per
+prompt: the share of prompts with at least one correct completion) are reported beside it, and
+promotion ranks on the sampled accuracy.
+"""
 
 from __future__ import annotations
 
@@ -6,8 +13,8 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rl_assets.config import EvaluationParams
-from rl_assets.rewards import arithmetic_answer
+from rl_assets.config import EvaluationParams, RewardsParams
+from rl_assets.rewards import score_rollouts
 from rl_assets.rollouts import generate
 
 
@@ -18,17 +25,48 @@ def eval_prompts(prompts: pa.Table, params: EvaluationParams) -> pa.Table:
     return held_out.slice(0, params.max_prompts)
 
 
-def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: EvaluationParams, seed: int) -> list[dict]:
-    """Two rows, greedy and sampled: accuracy of the first number in each completion against the answer."""
+def correctness_function(params: EvaluationParams, rewards: RewardsParams) -> str:
+    """The score column (without `score_`) whose 1.0 means correct."""
+    return params.correctness or rewards.functions[0].score_name
+
+
+def score_completions(held_out: pa.Table, completions, samples: int, rewards: RewardsParams) -> pa.Table:
+    """The rewards table of evaluation completions, scored like rollouts (same functions, options and reward inputs)."""
+    repeat = lambda column: [v for v in held_out[column].to_pylist() for _ in range(samples)]  # noqa: E731
+    n = len(completions.texts)
+    table = pa.table({"round": [0] * n, "prompt_id": repeat("prompt_id"), "sample_idx": [i % samples for i in range(n)],
+                      "policy_id": [""] * n, "prompt": repeat("prompt"), "answer": repeat("answer"), "extra": repeat("extra"),
+                      "completion": completions.texts, "completion_ids": completions.completion_ids, "truncated": completions.truncated})
+    return score_rollouts(table, rewards, rollouts_hash="evaluation")
+
+
+def pass_at_k(correct: list[bool], samples: int) -> float:
+    """Share of prompts (consecutive groups of `samples`) with at least one correct completion.
+
+    >>> pass_at_k([False, True, False, False], 2)
+    0.5
+    """
+    groups = [correct[i : i + samples] for i in range(0, len(correct), samples)]
+    return sum(any(g) for g in groups) / len(groups)
+
+
+def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: EvaluationParams, seed: int, rewards: RewardsParams,
+                        autocast=None) -> list[dict]:
+    """Two rows, greedy and sampled: accuracy, mean total reward and pass@k of the checkpoint's completions."""
     prompts, answers = held_out["prompt"].to_pylist(), held_out["answer"].to_pylist()
+    correctness = correctness_function(params, rewards)
     rows = []
     for mode, samples in (("greedy", 1), ("sampled", params.samples_per_prompt)):
         out = generate(model, tokenizer, prompts, samples, greedy=mode == "greedy", temperature=params.temperature,
-                       max_new_tokens=params.max_new_tokens, seed=seed)
-        scores = arithmetic_answer(out.texts, answer=[a for a in answers for _ in range(samples)])
+                       max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast)
+        scored = score_completions(held_out, out, samples, rewards)
+        correct = [score == 1.0 for score in scored[f"score_{correctness}"].to_pylist()]
         rows.append({
             "mode": mode,
-            "accuracy": sum(scores) / len(scores),
+            "accuracy": sum(correct) / len(correct),
+            "reward_mean": sum(scored["reward"].to_pylist()) / scored.num_rows,
+            "pass_at_k": pass_at_k(correct, samples),
+            "correctness": correctness,
             "n_prompts": len(prompts),
             "n_samples": samples,
             "mean_completion_tokens": sum(map(len, out.completion_ids)) / len(out.completion_ids),
@@ -40,7 +78,7 @@ def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: Evaluation
 
 
 def summary_text(root: Path = Path(".")) -> str:
-    """The evaluation report as a plain-text table: accuracy per checkpoint, greedy and sampled."""
+    """The evaluation report as a plain-text table: accuracy per checkpoint, greedy and sampled, with pass@k and mean reward."""
     from rl_assets.paths import output_path
     from rl_assets.schemas import read_table
 
@@ -49,10 +87,13 @@ def summary_text(root: Path = Path(".")) -> str:
     for row in rows:
         by_checkpoint.setdefault(row["checkpoint"], {"id": row["checkpoint_id"]})[row["mode"]] = row
     first = next(iter(by_checkpoint.values()))
-    lines = ["held-out accuracy (greedy; sampled at T={:.1f}, {} samples/prompt, {} prompts)".format(
-        first["sampled"]["temperature"], first["sampled"]["n_samples"], first["sampled"]["n_prompts"]),
-        f"{'checkpoint':<16}{'id':<14}{'greedy':>8}{'sampled':>9}{'Δ sampled':>11}"]
+    k = first["sampled"]["n_samples"]
+    lines = ["held-out accuracy by {} (greedy; sampled at T={:.1f}, {} samples/prompt, {} prompts)".format(
+        first["sampled"]["correctness"], first["sampled"]["temperature"], k, first["sampled"]["n_prompts"]),
+        f"{'checkpoint':<16}{'id':<14}{'greedy':>8}{'sampled':>9}{'Δ sampled':>11}{f'pass@{k}':>9}{'reward':>8}"]
     for name, entry in by_checkpoint.items():
-        delta = (entry["sampled"]["accuracy"] - first["sampled"]["accuracy"]) * 100
-        lines.append(f"{name:<16}{entry['id'][:12]:<14}{entry['greedy']['accuracy']:>8.3f}{entry['sampled']['accuracy']:>9.3f}{delta:>+10.1f}p")
+        sampled = entry["sampled"]
+        delta = (sampled["accuracy"] - first["sampled"]["accuracy"]) * 100
+        lines.append(f"{name:<16}{entry['id'][:12]:<14}{entry['greedy']['accuracy']:>8.3f}{sampled['accuracy']:>9.3f}{delta:>+10.1f}p"
+                     f"{sampled['pass_at_k']:>9.3f}{sampled['reward_mean']:>8.3f}")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: torch.Tensor, mask: torch.Tensor, *,
                 loss_type: str = "grpo", epsilon: float = 0.2, epsilon_high: float | None = None,
                 ref_logprobs: torch.Tensor | None = None, beta: float = 0.0, max_completion_length: int | None = None,
-                num_items: float | None = None, num_processes: int = 1) -> tuple[torch.Tensor, dict]:
+                num_items: float | None = None, num_processes: int = 1, sampler_weights: torch.Tensor | None = None) -> tuple[torch.Tensor, dict]:
     """Clipped-ratio policy-gradient loss with an optional k3 KL penalty to a reference policy.
 
     Args:
@@ -34,6 +34,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
         max_completion_length: dr_grpo's constant denominator (rollouts.max_new_tokens).
         num_items: dapo's denominator, the completion tokens of the global minibatch (all processes).
         num_processes: data-parallel processes; dapo multiplies by it because DDP averages gradients.
+        sampler_weights: (N, T) truncated importance weights for a sampler that is not the trainer (vLLM), see
+            `sampler_importance_weights`; they scale the policy term, not the KL penalty (as in TRL).
     Returns:
         (loss scalar, metrics): detached floats, token means over this call's unmasked tokens:
         clip_low / clip_high / clip_fraction (tokens whose clipped term is active, as TRL counts them),
@@ -46,6 +48,8 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     ratio = torch.exp(logprobs - old_logprobs)
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
+    if sampler_weights is not None:
+        per_token = per_token * sampler_weights
     kl_ref = torch.zeros_like(per_token)
     if beta > 0:
         if ref_logprobs is None:
@@ -80,16 +84,23 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     return loss, metrics
 
 
-def token_entropy(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of each next-token distribution.
+def sampler_importance_weights(old_logprobs: torch.Tensor, sampler_logprobs: torch.Tensor, mask: torch.Tensor,
+                               cap: float = 3.0) -> torch.Tensor:
+    """Truncated importance weights min(pi_old / pi_sampler, cap) per token (TRL's token_truncate vLLM correction).
+
+    The sampler (vLLM, its own kernels and precision) and the trainer's recomputation of the same
+    policy disagree a little; weighting each token by their ratio, capped, keeps the gradient that
+    of the trainer's policy. A NaN sampler log-prob (not reported) gets weight 1.
 
     Args:
-        logits: (N, T, V) temperature-scaled logits.
+        old_logprobs: (N, T) stored log-probs recomputed by the trainer's policy.
+        sampler_logprobs: (N, T) the sampling engine's log-probs of the same tokens.
+        mask: (N, T) 1 on completion tokens.
     Returns:
-        (N, T) entropies in nats.
+        (N, T) weights, 1 on padding.
 
-    >>> round(token_entropy(torch.zeros(1, 1, 4)).item(), 4)  # uniform over 4 tokens: log 4
-    1.3863
+    >>> sampler_importance_weights(torch.tensor([[0.0, 0.0, -1.0]]), torch.tensor([[-0.5, -5.0, float("nan")]]), torch.ones(1, 3))
+    tensor([[1.6487, 3.0000, 1.0000]])
     """
-    logp = torch.log_softmax(logits, dim=-1)
-    return -(logp.exp() * logp).sum(dim=-1)
+    difference = torch.nan_to_num((old_logprobs - sampler_logprobs) * mask, nan=0.0)
+    return torch.exp(difference).clamp(max=cap)

@@ -64,22 +64,59 @@ def load_base_model(params: ModelParams, seed: int):
     tokenizer = load_tokenizer(params)
     if params.name_or_path == "tiny":
         return build_tiny_model(params, tokenizer, seed), tokenizer
-    return AutoModelForCausalLM.from_pretrained(params.name_or_path), tokenizer
+    return AutoModelForCausalLM.from_pretrained(params.name_or_path, dtype=torch.float32), tokenizer  # fp32 master weights
 
 
-def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype | None = None):
-    """(model, tokenizer) of a saved checkpoint folder, in eval mode on `device` (in `dtype`, e.g. bf16 for GPU sampling)."""
-    model = AutoModelForCausalLM.from_pretrained(path, **({"dtype": dtype} if dtype is not None else {})).to(device)
+def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """(model, tokenizer) of a saved checkpoint folder, in eval mode on `device`.
+
+    `dtype` is explicit: transformers 5 would keep a bf16 checkpoint in bf16 (see precision.py).
+    """
+    adapters = (Path(path) / "adapter_config.json").is_file()  # LoRA adapters (lora.merge off): on their checked base
+    model = AutoModelForCausalLM.from_pretrained(adapter_base(path) if adapters else path, dtype=dtype)
+    if adapters:
+        model.load_adapter(str(path))
+    model = model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model.eval()
     return model, tokenizer
+
+
+def adapter_base(path: str | Path, base_path: str | Path | None = None) -> str:
+    """The base folder the LoRA adapter folder at `path` sits on, checked against the checkpoint id its card records.
+
+    save_checkpoint records `lora_base` (the base's absolute path and checkpoint id). The base is
+    `base_path` (e.g. this project's r00) or the recorded path, whichever holds that id; neither
+    does when r00 was retrained or replaced underneath the adapters, and that is an error.
+    """
+    import json
+
+    from rl_assets.checkpoints import checkpoint_id, read_lineage
+
+    recorded = read_lineage(path).get("lora_base")
+    if recorded is None:  # saved before adapters named their base: the given base or adapter_config's, unchecked
+        return str(base_path) if base_path is not None else json.loads((Path(path) / "adapter_config.json").read_text())["base_model_name_or_path"]
+    if recorded["checkpoint_id"] is None:  # a base without a lineage card (e.g. a hub model id): nothing to check
+        return recorded["path"]
+    found = {}
+    for candidate in dict.fromkeys(str(Path(p).resolve()) for p in (base_path, recorded["path"]) if p is not None):
+        try:
+            found[candidate] = checkpoint_id(candidate)
+        except FileNotFoundError:
+            found[candidate] = "no checkpoint"
+        if found[candidate] == recorded["checkpoint_id"]:
+            return candidate
+    now = "; ".join(f"{folder} holds {held}" for folder, held in found.items())
+    raise ValueError(f"{path}: LoRA base changed: the adapters were trained on base checkpoint {recorded['checkpoint_id']} "
+                     f"at {recorded['path']}, but {now}. Retrain the adapters on the new base, or restore the old one.")
 
 
 def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | Path, device: str = "cpu"):
     """(model, tokenizer) to train from checkpoint `path`: all weights, or LoRA adapters through PEFT.
 
     With LoRA, a parent saved as adapters (lora.merge off) keeps training the same adapters on the
-    r00 weights at `base_path`; a parent with full weights (r00, or merged) gets fresh adapters.
+    base they were trained on (r00 at `base_path`, checked by checkpoint id: `adapter_base`); a
+    parent with full weights (r00, or merged) gets fresh adapters.
     """
     if not lora.enabled:
         return load_policy(path, device)
@@ -95,7 +132,8 @@ def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | P
         load = {"quantization_config": BitsAndBytesConfig(load_in_4bit=True, bnb_4bit_quant_type="nf4", bnb_4bit_compute_dtype=torch.bfloat16),
                 "device_map": {"": device}}
     adapters = (Path(path) / "adapter_config.json").is_file()
-    base = AutoModelForCausalLM.from_pretrained(base_path if adapters else path, **load)
+    base_folder = adapter_base(path, base_path) if adapters else str(Path(path).resolve())  # absolute, id checked
+    base = AutoModelForCausalLM.from_pretrained(base_folder, **{"dtype": torch.float32, **load})  # fp32 master weights (precision.py)
     if lora.load_in_4bit:
         from peft import prepare_model_for_kbit_training
 
@@ -105,6 +143,7 @@ def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | P
     else:
         config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
         model = get_peft_model(base, config)
+    model.peft_config[model.active_adapter].base_model_name_or_path = base_folder  # what save_checkpoint records as the base
     if not lora.load_in_4bit:  # a quantized model is already placed; .to() is not allowed on it
         model.to(device)
     model.eval()

@@ -16,7 +16,8 @@ import pyarrow as pa
 import torch
 
 from rl_assets.config import TrainParams
-from rl_assets.train import join_rewards, trainer_precision
+from rl_assets.precision import trainer_precision
+from rl_assets.train import join_rewards
 
 
 def _groups(rollouts: pa.Table, rewards: pa.Table) -> dict[str, list[tuple[float, int, str, str]]]:
@@ -105,12 +106,24 @@ def train_dpo(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: T
     if not pairs:  # every group is flat or too close: nothing to prefer, the parent goes on unchanged
         return model, {**extra, "steps": 0, "loss": None, "history": []}
     dataset = Dataset.from_list([{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in pairs])
+    peft = hasattr(model, "peft_config")
+    quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
     with tempfile.TemporaryDirectory(prefix="rl-assets-dpo-") as scratch:
-        # The parent as it is now is the reference; with LoRA, TRL disables the adapters instead of copying.
-        reference = None if hasattr(model, "peft_config") else copy.deepcopy(model)
+        # The parent as it is now is the reference, frozen. With LoRA the parent is base + the adapters trained so far:
+        # a merged copy of it (disabling the adapters, TRL's fallback with ref_model=None, would give the r00 base).
+        # A 4-bit base cannot be copied and merged exactly, so there TRL copies the adapters into a frozen "ref" adapter.
+        reference = None if peft and quantized else copy.deepcopy(model).merge_and_unload() if peft else copy.deepcopy(model)
+        if reference is not None:
+            reference.eval().requires_grad_(False)
         trainer = DPOTrainer(model=model, ref_model=reference, args=dpo_config(params, scratch, seed, use_cpu), train_dataset=dataset,
                              processing_class=tokenizer)
-        return _run(trainer, model, extra)
+        if peft and reference is None and "ref" not in model.peft_config:
+            raise RuntimeError("this TRL/PEFT would take the DPO reference of a 4-bit LoRA parent from the base with adapters disabled "
+                               "(r00), not the parent; upgrade trl and peft (peft >= 0.20)")
+        trained, metrics = _run(trainer, model, extra)
+    if peft and "ref" in trained.peft_config:  # TRL's frozen copy of the parent's adapters: not part of the checkpoint
+        trained.delete_adapter("ref")
+    return trained, metrics
 
 
 def train_rft(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, seed: int, use_cpu: bool = True):

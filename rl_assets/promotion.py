@@ -8,6 +8,8 @@ Candidates are ranked by sampled held-out accuracy from the evaluation table. Th
 model is compared on the same evaluation (same held-out prompts file, evaluation params and seed):
 its card records that evaluation's key, and when the key differs the model is evaluated again.
 Changes to models/ hold a file lock, so two runs promoting at once append history in turn.
+A candidate saved as LoRA adapters is promoted as merged full weights, so the promoted model loads
+with plain transformers from anywhere, without peft and without the r00 the adapters sat on.
 """
 
 from __future__ import annotations
@@ -49,8 +51,9 @@ def read_card(path: Path) -> dict | None:
 
 
 def evaluation_key(params: Params, root: Path) -> str:
-    """Names one evaluation: held-out prompts file, evaluation params and seed; equal keys compare fairly."""
-    blob = json.dumps([file_hash(output_path("prompts", root)), params.evaluation.model_dump(mode="json"), params.seed], sort_keys=True)
+    """Names one evaluation: held-out prompts file, evaluation and rewards params, seed; equal keys compare fairly."""
+    blob = json.dumps([file_hash(output_path("prompts", root)), params.evaluation.model_dump(mode="json"), params.rewards.model_dump(mode="json"),
+                       params.seed], sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -82,7 +85,7 @@ def decide(candidate: dict | None, current: dict | None, current_accuracy: float
         return False, "no checkpoint passed its guards"
     if current is None:
         return True, f"first promotion: {candidate['checkpoint']} (sampled {candidate['sampled']:.3f})"
-    if current["checkpoint_id"] == candidate["checkpoint_id"]:
+    if candidate["checkpoint_id"] in (current["checkpoint_id"], (current.get("merged_from_adapters") or {}).get("checkpoint_id")):
         return False, f"{candidate['checkpoint']} is already the promoted model"
     if candidate["sampled"] > current_accuracy + min_improvement:
         return True, f"{candidate['checkpoint']} (sampled {candidate['sampled']:.3f}) beats the promoted model ({current_accuracy:.3f})"
@@ -130,9 +133,40 @@ def _append(models: Path, event: dict) -> None:
         handle.write(json.dumps({"at": datetime.now(timezone.utc).isoformat(timespec="seconds"), **event}, sort_keys=True) + "\n")
 
 
+def _merge_adapters(source: Path, destination: Path) -> dict:
+    """Base + the LoRA adapters at `source`, merged into full weights, saved as a checkpoint at `destination`.
+
+    Returns what it was merged from: the adapters' checkpoint id and their base's path and id.
+    """
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    from rl_assets.checkpoints import save_checkpoint
+    from rl_assets.models import adapter_base
+
+    base = adapter_base(source)  # raises when the base the adapters were trained on is gone or was replaced
+    lineage = read_lineage(source)
+    model = PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(base), source).merge_and_unload()
+    merged_from = {"checkpoint_id": lineage["checkpoint_id"],
+                   "lora_base": {"path": base, "checkpoint_id": (lineage.get("lora_base") or {}).get("checkpoint_id")}}
+    kept = {k: v for k, v in lineage.items() if k not in ("checkpoint_id", "lora_base")}
+    save_checkpoint(model, AutoTokenizer.from_pretrained(source), destination, {**kept, "merged_from_adapters": merged_from})
+    return merged_from
+
+
 def promote(source: Path, card: dict, models: Path) -> None:
-    """Make the checkpoint at `source` the promoted model, keep a version of it, and log the event."""
-    with _locked(models):
+    """Make the checkpoint at `source` the promoted model, keep a version of it, and log the event.
+
+    LoRA adapters are merged into their base first: the card's `checkpoint_id` (and versions/<id>,
+    history) is then the merged weights' id, and `merged_from_adapters` names the adapters and base.
+    """
+    import tempfile
+
+    with _locked(models), tempfile.TemporaryDirectory(prefix=".merge-", dir=models) as scratch:
+        if (source / "adapter_config.json").is_file():
+            merged_from = _merge_adapters(source, Path(scratch) / "merged")
+            source = Path(scratch) / "merged"
+            card = {**card, "checkpoint_id": read_lineage(source)["checkpoint_id"], "merged_from_adapters": merged_from}
         files = {CARD: json.dumps(card, indent=2, sort_keys=True, default=str) + "\n", README: card_markdown(card)}
         version = models / "versions" / card["checkpoint_id"]
         _copy_folder(source, version, files)
@@ -178,6 +212,8 @@ def card_markdown(card: dict) -> str:
     evaluation, metrics = card["evaluation"], card["metrics"]
     lines = [f"# Promoted model {card['checkpoint_id'][:12]}", "",
              f"From `{card['source']}` (round {card['round']}, {card['algorithm']}), parent `{card['parent']}`, code {card['code_version']}.",
+             *([f"Full weights merged from LoRA adapters {merged['checkpoint_id'][:12]} on base {merged['lora_base']['checkpoint_id']}."]
+               if (merged := card.get("merged_from_adapters")) else []),
              f"Promoted {card['promoted_at']}; replaces `{card['previous'] or 'nothing'}`.", "",
              "## Evaluation (held out)", "",
              f"greedy accuracy {evaluation['greedy']:.3f}, sampled accuracy {evaluation['sampled']:.3f} "
@@ -236,5 +272,5 @@ def _evaluate(path: Path, params: Params, root: Path, device: str) -> float:
 
     model, tokenizer = load_policy(path, device)
     held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
-    rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed)
+    rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards)
     return next(r["accuracy"] for r in rows if r["mode"] == "sampled")

@@ -57,6 +57,17 @@ def render(problem: str, params: PromptsParams, tokenizer) -> str:
     return tokenizer.apply_chat_template([{"role": "user", "content": text}], chat_template=custom, tokenize=False, add_generation_prompt=True)
 
 
+def encode_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each prompt, special tokens added once.
+
+    A chat template that starts with the BOS text (Llama 3's `<|begin_of_text|>`) would otherwise get
+    a second BOS from the tokenizer's own post-processor.
+    """
+    bos = tokenizer.bos_token_id
+    encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
+    return [ids[1:] if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos else ids for ids in encoded]
+
+
 def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.Table, dict]:
     """The `PROMPTS` table and counts of what was dropped (duplicates, over-long prompts)."""
     seen, rows = set(), []
@@ -70,7 +81,7 @@ def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.T
         rows.append({"prompt_id": pid, "prompt": render(record["prompt"], params, tokenizer), "problem": record["prompt"], "answer": record["answer"],
                      "split": split_of(pid, params.eval_fraction, params.sft_fraction),
                      **{k: record[k] for k in ("source", "source_hash", "source_row", "extra")}})
-    lengths = [len(ids) for ids in tokenizer([r["prompt"] for r in rows])["input_ids"]] if rows else []
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, [r["prompt"] for r in rows])]  # what generation will feed
     kept = []
     for row, length in zip(rows, lengths):
         if length > params.max_prompt_tokens:

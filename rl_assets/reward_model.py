@@ -56,7 +56,7 @@ def reward_config(params: RewardModelParams, output_dir: str, seed: int, use_cpu
     """Our `reward_model` section mapped onto TRL's RewardConfig (the only place the two meet)."""
     from trl import RewardConfig
 
-    from rl_assets.train import trainer_precision
+    from rl_assets.precision import trainer_precision
 
     return RewardConfig(
         output_dir=output_dir,

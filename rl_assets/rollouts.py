@@ -6,6 +6,7 @@ temperature, recomputed with one forward pass so that training's first ratio is 
 
 from __future__ import annotations
 
+import contextlib
 import random
 from dataclasses import dataclass
 
@@ -14,7 +15,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rl_assets.config import RolloutsParams
-from rl_assets.losses import token_entropy
+from rl_assets.prompts import encode_prompts
 from rl_assets.schemas import ROLLOUTS
 
 
@@ -26,49 +27,94 @@ class Completions:
     completion_ids: list[list[int]]  # includes the end-of-sequence token when one was produced
     texts: list[str]  # decoded completion without special tokens
     truncated: list[bool]  # no end-of-sequence token within max_new_tokens
+    sampler_logprobs: list[list[float]] | None = None  # the sampling engine's own log-probs (vLLM), for the mismatch correction
+
+
+def eos_token_ids(model, tokenizer) -> list[int]:
+    """Every id that ends a completion: the tokenizer's EOS and each of the checkpoint's generation-config EOS ids."""
+    ids: list[int] = []
+    configured = getattr(getattr(model, "generation_config", None), "eos_token_id", None)
+    for value in (tokenizer.eos_token_id, configured):
+        for token in value if isinstance(value, (list, tuple)) else [value]:
+            if token is not None and int(token) not in ids:
+                ids.append(int(token))
+    return ids
+
+
+def sampling_config(eos_ids: list[int], pad_id: int, *, greedy: bool, temperature: float, top_p: float, max_new_tokens: int):
+    """The whole GenerationConfig of a sampling call, so nothing is inherited from the checkpoint's own."""
+    from transformers import GenerationConfig
+
+    common = {"max_new_tokens": max_new_tokens, "eos_token_id": eos_ids, "pad_token_id": pad_id}
+    if greedy:
+        return GenerationConfig(do_sample=False, **common)
+    return GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0, **common)
+
+
+@contextlib.contextmanager
+def _plain_generation_defaults(model):
+    """generate() fills every field left unset with the checkpoint's generation_config (repetition penalty, top_k, ...): hide it."""
+    from transformers import GenerationConfig
+
+    saved, model.generation_config = model.generation_config, GenerationConfig()
+    try:
+        yield
+    finally:
+        model.generation_config = saved
+
+
+def cut_at_eos(completion: list[int], eos_ids: set[int]) -> tuple[list[int], bool]:
+    """(the completion up to and including its first end-of-sequence id, whether it was truncated)."""
+    for index, token in enumerate(completion):
+        if token in eos_ids:
+            return completion[: index + 1], False
+    return completion, True
 
 
 def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, greedy: bool, temperature: float = 1.0,
-             top_p: float = 1.0, max_new_tokens: int = 16, batch_size: int = 256, seed: int = 0, progress: bool = False) -> Completions:
-    """Sample (or greedily decode) `samples_per_prompt` completions for each prompt, in batches."""
+             top_p: float = 1.0, max_new_tokens: int = 16, batch_size: int = 256, seed: int = 0, progress: bool = False,
+             autocast=None) -> Completions:
+    """Sample (or greedily decode) `samples_per_prompt` completions for each prompt, in batches.
+
+    Sampling follows an explicit GenerationConfig; a completion ends at the first of any EOS id
+    (`eos_token_ids`). `autocast` is the precision context of the forward passes (see precision.py).
+    """
     torch.manual_seed(seed)
     device = next(model.parameters()).device
-    expanded = [p for p in prompts for _ in range(samples_per_prompt)]
-    eos, pad = tokenizer.eos_token_id, tokenizer.pad_token_id
+    encoded = encode_prompts(tokenizer, prompts)
+    expanded = [ids for ids in encoded for _ in range(samples_per_prompt)]
+    eos = eos_token_ids(model, tokenizer)
+    config = sampling_config(eos, tokenizer.pad_token_id, greedy=greedy, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     out = Completions([], [], [], [])
-    saved_side, tokenizer.padding_side = tokenizer.padding_side, "left"  # decoder-only generation pads on the left
     batches = range(0, len(expanded), batch_size)
-    for start in tqdm(batches, desc="generate", disable=not progress, leave=False):
-        chunk = expanded[start : start + batch_size]
-        encoded = tokenizer(chunk, return_tensors="pt", padding=True).to(device)
-        sampling = {"do_sample": False} if greedy else {"do_sample": True, "temperature": temperature, "top_p": top_p, "top_k": 0}
-        with torch.no_grad():
-            sequences = model.generate(**encoded, max_new_tokens=max_new_tokens, eos_token_id=eos, pad_token_id=pad, **sampling)
-        width = encoded["input_ids"].shape[1]
-        for row, mask in zip(sequences.tolist(), encoded["attention_mask"].tolist()):
-            prompt_ids = [t for t, m in zip(row[:width], mask) if m]
-            completion = row[width:]
-            ended = eos in completion
-            completion = completion[: completion.index(eos) + 1] if ended else completion
-            out.prompt_ids.append(prompt_ids)
-            out.completion_ids.append(completion)
-            out.texts.append(tokenizer.decode(completion, skip_special_tokens=True))
-            out.truncated.append(not ended)
-    tokenizer.padding_side = saved_side
+    with _plain_generation_defaults(model), autocast or contextlib.nullcontext():
+        for start in tqdm(batches, desc="generate", disable=not progress, leave=False):
+            chunk = expanded[start : start + batch_size]
+            width = max(map(len, chunk))
+            input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids)) + ids for ids in chunk])  # generation pads on the left
+            attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
+            with torch.no_grad():
+                sequences = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config)
+            for ids, row in zip(chunk, sequences[:, width:].tolist()):
+                completion, truncated = cut_at_eos(row, set(eos))
+                out.prompt_ids.append(list(ids))
+                out.completion_ids.append(completion)
+                out.texts.append(tokenizer.decode(completion, skip_special_tokens=True))
+                out.truncated.append(truncated)
     return out
 
 
-def _completion_forward(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int, temperature: float):
-    """One right-padded forward pass: (logits (N, width - 1, V) predicting each next token, targets (N, width - 1))."""
-    device = next(model.parameters()).device
+def _right_padded(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int, device):
+    """(input_ids, attention_mask, labels), right-padded so positions need no correction; labels are -100 but on completions."""
     lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
     input_ids = torch.full((len(lengths), max(lengths)), pad_id, dtype=torch.long)
     attention = torch.zeros_like(input_ids)
+    labels = torch.full_like(input_ids, -100)
     for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
         input_ids[i, : lengths[i]] = torch.tensor(p + c)
         attention[i, : lengths[i]] = 1
-    logits = model(input_ids=input_ids.to(device), attention_mask=attention.to(device)).logits.float() / temperature
-    return logits[:, :-1], input_ids[:, 1:].to(device)
+        labels[i, len(p) : lengths[i]] = torch.tensor(c, dtype=torch.long)
+    return input_ids.to(device), attention.to(device), labels.to(device)
 
 
 def _completion_positions(values: torch.Tensor, prompt_ids: list[list[int]], completion_ids: list[list[int]]):
@@ -83,29 +129,78 @@ def _completion_positions(values: torch.Tensor, prompt_ids: list[list[int]], com
     return out, mask
 
 
+def _innermost(model):
+    """The transformers model under DDP/FSDP/Accelerate wrappers and PEFT, whose forward TRL's fused head replaces."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def use_fused_head(model, temperature: float) -> None:
+    """Give the model TRL's fused LM head at `temperature` (once): log-probs and entropy without (N, T, V) logits.
+
+    `add_fused_lm_head` replaces the instance's forward; calls without `fused_lm_head=True`
+    (generate) run the original one. A new temperature re-patches from the class's forward.
+    """
+    from trl.trainer.utils import add_fused_lm_head
+
+    target = _innermost(model)
+    if getattr(target, "_rl_assets_fused_temperature", None) == temperature:
+        return
+    target.__dict__.pop("forward", None)
+    add_fused_lm_head(target, temperature=temperature, outputs=("log_probs", "entropy"))
+    target._rl_assets_fused_temperature = temperature
+
+
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
                         temperature: float = 1.0, with_entropy: bool = False):
-    """Per-token log-probs of each completion given its prompt.
+    """Per-token log-probs of each completion given its prompt, at `temperature`.
 
-    Sequences are right-padded so positions need no correction.
+    TRL's fused LM head projects the hidden states through the head in tiles, so memory grows with
+    the completion tokens of this call, never with tokens x vocabulary. Call it through a wrapped
+    model (DDP, FSDP) so gradients synchronise; run it under the step's autocast.
     Returns (logprobs, mask), both (N, T) with T the longest completion; padding has mask 0. With
     `with_entropy`, a third (N, T) tensor holds the policy's (detached) entropy at each position.
     """
-    logits, targets = _completion_forward(model, prompt_ids, completion_ids, pad_id, temperature)
-    token_logprobs = torch.log_softmax(logits, dim=-1).gather(-1, targets.unsqueeze(-1)).squeeze(-1)  # (N, width - 1)
-    logprobs, mask = _completion_positions(token_logprobs, prompt_ids, completion_ids)
+    use_fused_head(model, temperature)
+    device = next(model.parameters()).device
+    input_ids, attention, labels = _right_padded(prompt_ids, completion_ids, pad_id, device)
+    out = model(input_ids=input_ids, attention_mask=attention, labels=labels, fused_lm_head=True)
+    logprobs, mask = _completion_positions(out.log_probs.float(), prompt_ids, completion_ids)  # (N, width - 1) -> (N, T)
     if not with_entropy:
         return logprobs, mask
-    with torch.no_grad():
-        entropy, _ = _completion_positions(token_entropy(logits), prompt_ids, completion_ids)
+    entropy, _ = _completion_positions(out.entropy.detach().float(), prompt_ids, completion_ids)
     return logprobs, mask, entropy
 
 
-def completion_distributions(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
-                             temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """The whole next-token log-distribution at each completion position: ((N, T, V) log-probs, (N, T) mask)."""
-    logits, _ = _completion_forward(model, prompt_ids, completion_ids, pad_id, temperature)
-    return _completion_positions(torch.log_softmax(logits, dim=-1), prompt_ids, completion_ids)
+def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
+                  temperature: float = 1.0, max_logits: int = 2**25) -> tuple[float, float]:
+    """Exact KL(model || ref_model) summed over the vocabulary at every completion position: (sum over tokens, tokens).
+
+    Rows with the same prompt length share their completion columns once right-padded, so each
+    forward keeps only those logits (`logits_to_keep`), in chunks of at most `max_logits` values
+    per model: memory is bounded whatever the batch, the vocabulary or the completion length.
+    """
+    by_prompt_length: dict[int, list[int]] = {}
+    for row, p in enumerate(prompt_ids):
+        if completion_ids[row]:
+            by_prompt_length.setdefault(len(p), []).append(row)
+    device = next(model.parameters()).device
+    total = tokens = 0.0
+    with torch.no_grad():
+        for rows in by_prompt_length.values():
+            span = max(len(completion_ids[r]) for r in rows)
+            per_chunk = max(1, max_logits // (span * model.config.get_text_config().vocab_size))
+            for start in range(0, len(rows), per_chunk):
+                chunk = rows[start : start + per_chunk]
+                input_ids, attention, _ = _right_padded([prompt_ids[r] for r in chunk], [completion_ids[r] for r in chunk], pad_id, device)
+                logp = [torch.log_softmax(m(input_ids=input_ids, attention_mask=attention, logits_to_keep=span + 1).logits[:, :-1].float()
+                                          / temperature, dim=-1) for m in (model, ref_model)]
+                per_position = (logp[0].exp() * (logp[0] - logp[1].to(device))).sum(dim=-1)  # (n, span)
+                mask = torch.tensor([[1.0] * len(completion_ids[r]) + [0.0] * (span - len(completion_ids[r])) for r in chunk], device=device)
+                total += (per_position * mask).sum().item()
+                tokens += mask.sum().item()
+    return total, tokens
 
 
 def choose_prompts(prompts: pa.Table, count: int, round_number: int, seed: int) -> pa.Table:
@@ -118,8 +213,12 @@ def choose_prompts(prompts: pa.Table, count: int, round_number: int, seed: int) 
 
 
 def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams, *, round_number: int, seed: int,
-                    policy_id: str, prompts_hash: str, progress: bool = True, model_path: str | None = None) -> pa.Table:
-    """The `ROLLOUTS` table of one round: G samples for each of B prompts from `model` (sampled by vLLM from `model_path` when chosen)."""
+                    policy_id: str, prompts_hash: str, progress: bool = True, model_path: str | None = None, autocast=None) -> pa.Table:
+    """The `ROLLOUTS` table of one round: G samples for each of B prompts from `model` (sampled by vLLM from `model_path` when chosen).
+
+    The stored log-probs are recomputed by `model` in micro-batches of `logprob_batch_size` under
+    `autocast`, the trainer's precision, so training's first ratio is 1 whichever engine sampled.
+    """
     from rl_assets.rollouts_vllm import generate_vllm, resolve_engine
 
     chosen = choose_prompts(prompts, params.prompts_per_round, round_number, seed)
@@ -128,15 +227,15 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
     device = str(next(model.parameters()).device)
     if model_path is not None and resolve_engine(params.engine, device) == "vllm":
         result = generate_vllm(model_path, tokenizer, chosen["prompt"].to_pylist(), G, temperature=params.temperature, top_p=params.top_p,
-                               max_new_tokens=params.max_new_tokens, seed=sample_seed)
+                               max_new_tokens=params.max_new_tokens, seed=sample_seed, eos_ids=eos_token_ids(model, tokenizer))
     else:
         result = generate(model, tokenizer, chosen["prompt"].to_pylist(), G, greedy=False, temperature=params.temperature,
                           top_p=params.top_p, max_new_tokens=params.max_new_tokens, batch_size=params.batch_size,
-                          seed=sample_seed, progress=progress)
+                          seed=sample_seed, progress=progress, autocast=autocast)
     logprobs = []
-    with torch.no_grad():
-        for start in range(0, len(result.texts), params.batch_size):
-            stop = start + params.batch_size
+    with torch.no_grad(), autocast or contextlib.nullcontext():
+        for start in range(0, len(result.texts), params.logprob_batch_size):
+            stop = start + params.logprob_batch_size
             lp, mask = completion_logprobs(model, result.prompt_ids[start:stop], result.completion_ids[start:stop],
                                            tokenizer.pad_token_id, params.temperature)
             logprobs += [row[: int(m.sum())].tolist() for row, m in zip(lp.cpu(), mask.cpu())]
@@ -154,6 +253,7 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
             "prompt_ids": result.prompt_ids,
             "completion_ids": result.completion_ids,
             "logprobs": logprobs,
+            "sampler_logprobs": result.sampler_logprobs if result.sampler_logprobs is not None else [None] * n,
             "truncated": result.truncated,
             "policy_id": [policy_id] * n,
             "temperature": [params.temperature] * n,

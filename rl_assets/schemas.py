@@ -13,7 +13,7 @@ import pyarrow.parquet as pq
 
 from rl_assets.storage import atomic_path
 
-SCHEMA_VERSION = 2  # 2: `extra` (JSON object of reward inputs) in raw_data, prompts and rollouts
+SCHEMA_VERSION = 3  # 2: `extra` (JSON object of reward inputs) in raw_data, prompts and rollouts; 3: rollouts' sampler_logprobs
 
 RAW_DATA = pa.schema(
     [
@@ -52,7 +52,8 @@ ROLLOUTS = pa.schema(
         ("completion", pa.string()),
         ("prompt_ids", pa.list_(pa.int32())),
         ("completion_ids", pa.list_(pa.int32())),
-        ("logprobs", pa.list_(pa.float32())),  # per completion token, under the sampling policy
+        ("logprobs", pa.list_(pa.float32())),  # per completion token, under the sampling policy, in the trainer's precision
+        ("sampler_logprobs", pa.list_(pa.float32())),  # the sampling engine's own (vLLM), null from transformers generate
         ("truncated", pa.bool_()),  # hit max_new_tokens without an end-of-sequence token
         ("policy_id", pa.string()),  # content hash of the checkpoint that sampled
         ("temperature", pa.float32()),
@@ -68,7 +69,10 @@ EVALUATION = pa.schema(
         ("checkpoint", pa.string()),  # asset key, e.g. "r02/checkpoint"
         ("checkpoint_id", pa.string()),
         ("mode", pa.string()),  # "greedy" or "sampled"
-        ("accuracy", pa.float64()),
+        ("accuracy", pa.float64()),  # share of completions the correctness reward scores 1
+        ("reward_mean", pa.float64()),  # mean weighted total reward of the completions
+        ("pass_at_k", pa.float64()),  # share of prompts with a correct completion among their n_samples
+        ("correctness", pa.string()),  # the reward function whose 1.0 counts as correct
         ("n_prompts", pa.int32()),
         ("n_samples", pa.int32()),
         ("mean_completion_tokens", pa.float64()),

@@ -7,7 +7,8 @@ import tempfile
 import pyarrow as pa
 
 from rl_assets.config import SFTParams
-from rl_assets.train import trainer_precision
+from rl_assets.precision import trainer_precision
+from rl_assets.prompts import encode_prompts
 
 
 def sft_config(params: SFTParams, output_dir: str, seed: int, use_cpu: bool):
@@ -35,6 +36,18 @@ def sft_config(params: SFTParams, output_dir: str, seed: int, use_cpu: bool):
     )
 
 
+def sft_examples(tokenizer, prompts: list[str], answers: list[str]) -> dict[str, list]:
+    """Tokenized (prompt, answer + EOS) pairs: `input_ids` and TRL's `completion_mask` (1 on the answer).
+
+    Tokenized here, not by TRL, so the warm start sees exactly the prompt ids generation feeds
+    (`encode_prompts`: one BOS) and the completion as generated tokens after them.
+    """
+    prompt_ids = encode_prompts(tokenizer, prompts)
+    answer_ids = [ids + [tokenizer.eos_token_id] for ids in tokenizer(answers, add_special_tokens=False)["input_ids"]]
+    return {"input_ids": [p + a for p, a in zip(prompt_ids, answer_ids)],
+            "completion_mask": [[0] * len(p) + [1] * len(a) for p, a in zip(prompt_ids, answer_ids)]}
+
+
 def warm_start(model, tokenizer, prompts: pa.Table, params: SFTParams, seed: int, use_cpu: bool = True) -> dict:
     """Fine-tune `model` in place on (prompt, answer) pairs of the `sft` split; returns metrics."""
     from datasets import Dataset
@@ -43,7 +56,7 @@ def warm_start(model, tokenizer, prompts: pa.Table, params: SFTParams, seed: int
     train = prompts.filter(pa.compute.equal(prompts["split"], "sft"))
     if train.num_rows == 0:
         raise ValueError("prompts table has no 'sft' split rows; raise prompts.sft_fraction or set sft.enabled: false")
-    dataset = Dataset.from_dict({"prompt": train["prompt"].to_pylist(), "completion": train["answer"].to_pylist()})
+    dataset = Dataset.from_dict(sft_examples(tokenizer, train["prompt"].to_pylist(), train["answer"].to_pylist()))
     with tempfile.TemporaryDirectory(prefix="rl-assets-sft-") as scratch:
         trainer = SFTTrainer(model=model, args=sft_config(params, scratch, seed, use_cpu), train_dataset=dataset, processing_class=tokenizer)
         result = trainer.train()

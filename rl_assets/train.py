@@ -22,8 +22,9 @@ from tqdm.auto import tqdm
 
 from rl_assets.advantages import equal_reward_group_share, group_advantages, reinforce_pp_advantages, rloo_advantages
 from rl_assets.config import TrainParams
-from rl_assets.losses import policy_loss
-from rl_assets.rollouts import completion_distributions, completion_logprobs
+from rl_assets.losses import policy_loss, sampler_importance_weights
+from rl_assets.precision import accelerate_mixed_precision, resolve_mixed_precision
+from rl_assets.rollouts import completion_kl, completion_logprobs
 from rl_assets.train_state import commit_state, latest_state, state_path
 
 TOKEN_METRICS = ("clip_low", "clip_high", "clip_fraction", "kl_old", "kl_ref", "entropy")
@@ -40,6 +41,29 @@ def join_rewards(rollouts: pa.Table, rewards: pa.Table) -> torch.Tensor:
     return torch.tensor([by_key[k] for k in keys], dtype=torch.float32)
 
 
+def table_group_size(rollouts: pa.Table, configured: int) -> int:
+    """G as the stored table has it: each prompt's rows, contiguous and equally many; params must agree.
+
+    Advantages are normalised per group of G consecutive rows, so a G that differs from the table's
+    would silently mix prompts into groups.
+    """
+    prompt_ids = rollouts["prompt_id"].to_pylist()
+    runs: list[list] = []
+    for pid in prompt_ids:
+        if runs and runs[-1][0] == pid:
+            runs[-1][1] += 1
+        else:
+            runs.append([pid, 1])
+    sizes = {count for _, count in runs}
+    if len(runs) != len(set(prompt_ids)) or len(sizes) != 1:
+        raise ValueError(f"rollouts table: every prompt needs the same number of consecutive samples; found group sizes {sorted(sizes)}")
+    (size,) = sizes
+    if size != configured:
+        raise ValueError(f"rollouts table has {size} samples per prompt but rollouts.samples_per_prompt is {configured}; "
+                         f"rerun the rollouts or set rollouts.samples_per_prompt={size}")
+    return size
+
+
 def advantages_for(params: TrainParams, reward: torch.Tensor, group_size: int) -> torch.Tensor:
     """(N,) advantages of the configured estimator."""
     if params.algorithm == "rloo":
@@ -47,33 +71,6 @@ def advantages_for(params: TrainParams, reward: torch.Tensor, group_size: int) -
     if params.algorithm == "reinforce_pp":
         return reinforce_pp_advantages(reward, group_size)
     return group_advantages(reward, group_size, scale=params.scale_rewards)
-
-
-def resolve_mixed_precision(requested: str, device: str) -> str:
-    """auto: bf16 on GPUs that support it, fp16 (with loss scaling) on older GPUs, fp32 ("no") on CPU.
-
-    >>> resolve_mixed_precision("fp16", "cpu")
-    Traceback (most recent call last):
-    ...
-    ValueError: train.mixed_precision: fp16 needs a GPU (loss scaling is CUDA-only); use auto, no or bf16 on CPU
-    """
-    if requested == "fp16" and not device.startswith("cuda"):
-        raise ValueError("train.mixed_precision: fp16 needs a GPU (loss scaling is CUDA-only); use auto, no or bf16 on CPU")
-    if requested != "auto":
-        return requested
-    if device.startswith("cuda"):
-        return "bf16" if torch.cuda.is_bf16_supported() else "fp16"
-    return "no"
-
-
-def trainer_precision(requested: str, use_cpu: bool) -> dict:
-    """The bf16 / fp16 / use_cpu flags of a transformers TrainingArguments for `requested` (see resolve_mixed_precision).
-
-    >>> trainer_precision("auto", use_cpu=True)
-    {'bf16': False, 'fp16': False, 'use_cpu': True}
-    """
-    mode = resolve_mixed_precision(requested, "cpu" if use_cpu else "cuda")
-    return {"bf16": mode == "bf16", "fp16": mode == "fp16", "use_cpu": use_cpu}
 
 
 def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
@@ -91,10 +88,12 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
 
     `optimizer_state` continues the previous round's AdamW moments (train.carry_optimizer_state) instead of a fresh optimizer.
     """
-    from accelerate import Accelerator
+    from accelerate import Accelerator, DistributedType
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict, set_optimizer_state_dict
     from transformers import get_scheduler
 
-    accelerator = Accelerator(cpu=not device.startswith("cuda"), mixed_precision=resolve_mixed_precision(params.mixed_precision, device))
+    accelerator = Accelerator(cpu=not device.startswith("cuda"),
+                              mixed_precision=accelerate_mixed_precision(resolve_mixed_precision(params.mixed_precision, device)))
     rank, world, accum = accelerator.process_index, accelerator.num_processes, params.gradient_accumulation_steps
     if params.minibatch_size % (world * accum):
         raise ValueError(f"train.minibatch_size={params.minibatch_size} must divide evenly over {world} processes x {accum} accumulation steps")
@@ -102,6 +101,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     advantages = advantages_for(params, reward, group_size)
     prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist()
     stored = rollouts["logprobs"].to_pylist()
+    sampler = rollouts["sampler_logprobs"].to_pylist() if params.sampler_correction_cap is not None else [None] * len(stored)
     keep = torch.ones(len(prompt_ids))
     if params.mask_truncated_completions:  # a cut-off answer is neither right nor wrong: leave it out of the loss
         keep = (~torch.tensor(rollouts["truncated"].to_pylist())).float()
@@ -114,12 +114,14 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
         model.config.use_cache = False
         model.gradient_checkpointing_enable()
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=params.learning_rate, weight_decay=params.weight_decay)
-    if optimizer_state is not None:
-        optimizer.load_state_dict(optimizer_state)
+    model, optimizer = accelerator.prepare(model, optimizer)
+    if optimizer_state is not None:  # loaded into the wrapped model: FSDP shards the whole state it is given
+        for group in optimizer.param_groups:  # the saved groups carry the scheduler's key too
+            group.setdefault("initial_lr", params.learning_rate)
+        set_optimizer_state_dict(model, optimizer.optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
         for group in optimizer.param_groups:  # this round's settings, the carried moments
             group.update(lr=params.learning_rate, initial_lr=params.learning_rate, weight_decay=params.weight_decay)
     scheduler = get_scheduler(params.lr_scheduler, optimizer, num_warmup_steps=round(params.warmup_ratio * total_steps), num_training_steps=total_steps)
-    model, optimizer = accelerator.prepare(model, optimizer)
     accelerator.register_for_checkpointing(scheduler)
 
     sums = {"steps": 0, "tokens": 0.0, **dict.fromkeys(STEP_METRICS, 0.0), **dict.fromkeys(TOKEN_METRICS, 0.0)}  # this rank's running totals
@@ -155,13 +157,19 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
                                                                   pad_id, temperature, with_entropy=True)
                     mask = mask * keep[rows].to(mask.device)[:, None]
                     old = _pad([stored[i] for i in rows], logprobs.shape[1]).to(logprobs.device)
+                    weights = None
+                    if any(sampler[i] is not None for i in rows):
+                        sampled = _pad([sampler[i] if sampler[i] is not None else [float("nan")] * len(stored[i]) for i in rows],
+                                       logprobs.shape[1]).to(logprobs.device)
+                        weights = sampler_importance_weights(old, sampled, mask, params.sampler_correction_cap)
                     ref = None
                     if ref_model is not None and params.beta > 0:
                         with torch.no_grad():
                             ref, _ = completion_logprobs(ref_model, [prompt_ids[i] for i in rows], [completion_ids[i] for i in rows], pad_id, temperature)
                     loss, metrics = policy_loss(logprobs, old, advantages[rows].to(logprobs.device), mask, loss_type=params.loss_type,
                                                 epsilon=params.epsilon, epsilon_high=params.epsilon_high, ref_logprobs=ref, beta=params.beta,
-                                                max_completion_length=max_new_tokens, num_items=num_items, num_processes=world)
+                                                max_completion_length=max_new_tokens, num_items=num_items, num_processes=world,
+                                                sampler_weights=weights)
                     accelerator.backward(loss / accum)
                 micro_tokens = mask.sum().item()
                 metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1)).item()
@@ -189,8 +197,10 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
                 _save_state(accelerator, state_dir, step, {"step": step, "fingerprint": fingerprint, "history": history}, sums, params.keep_last)
     bar.close()
     elapsed = time.perf_counter() - started
+    # Collective under FSDP: every rank takes part, rank 0 gets whole tensors (name-keyed, the same format without sharding).
+    final_optimizer_state = get_optimizer_state_dict(model, optimizer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    full_weights = accelerator.get_state_dict(model) if accelerator.distributed_type == DistributedType.FSDP else None
     model = accelerator.unwrap_model(model)
-    final_optimizer_state = optimizer.optimizer.state_dict() if hasattr(optimizer, "optimizer") else optimizer.state_dict()
     model.eval()
     if params.gradient_checkpointing:
         model.gradient_checkpointing_disable()
@@ -211,10 +221,28 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
         mixed_precision=accelerator.mixed_precision,
         carried_optimizer_state=optimizer_state is not None,
     )
+    if full_weights is not None:  # the unwrapped FSDP model holds this rank's shards only: rank 0 gets a whole copy
+        model = _whole_copy(model, full_weights) if accelerator.is_main_process else None
     return model, result, history, final_optimizer_state
 
 
-def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperature: float, batch_size: int = 16,
+def _whole_copy(sharded, full_weights: dict):
+    """A plain (unsharded) model with the gathered weights, for the KL metric and the save on rank 0."""
+    from transformers import AutoModelForCausalLM
+    from transformers.initialization import no_init_weights
+
+    if hasattr(sharded, "peft_config"):
+        raise NotImplementedError("LoRA adapters under FSDP are not supported yet; use DDP (no accelerate_config) or ZeRO-2 with LoRA")
+    with no_init_weights():  # the weights come next; buffers such as rotary frequencies are built as usual
+        plain = AutoModelForCausalLM.from_config(sharded.config)
+    missing = set(plain.load_state_dict(full_weights, strict=False).missing_keys)
+    plain.tie_weights()
+    if missing - {"lm_head.weight"} or ("lm_head.weight" in missing and not plain.config.get_text_config().tie_word_embeddings):
+        raise ValueError(f"the gathered FSDP state dict lacks weights: {sorted(missing)[:5]}")
+    return plain.eval()
+
+
+def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperature: float,
                  max_rows: int = 1024) -> float:
     """How far the policy has moved from the reference (r00): mean per-token KL(policy || reference).
 
@@ -224,15 +252,7 @@ def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperatu
     Measured whatever `train.beta` is: the guard that stops drifting runs reads it.
     """
     prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist()[:max_rows], rollouts["completion_ids"].to_pylist()[:max_rows]
-    total = tokens = 0.0
-    with torch.no_grad():
-        for start in range(0, len(prompt_ids), batch_size):
-            rows = slice(start, start + batch_size)
-            policy, mask = completion_distributions(model, prompt_ids[rows], completion_ids[rows], pad_id, temperature)
-            reference, _ = completion_distributions(ref_model, prompt_ids[rows], completion_ids[rows], pad_id, temperature)
-            per_position = (policy.exp() * (policy - reference.to(policy.device))).sum(dim=-1)  # (N, T)
-            total += (per_position * mask).sum().item()
-            tokens += mask.sum().item()
+    total, tokens = completion_kl(model, ref_model, prompt_ids, completion_ids, pad_id, temperature)
     return total / max(tokens, 1.0)
 
 

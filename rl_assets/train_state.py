@@ -76,3 +76,34 @@ def commit_state(tmp: Path, final: Path, info: dict, keep_last: int) -> None:
     tmp.rename(final)
     for old in saved_states(final.parent)[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
+
+
+# train.carry_optimizer_state: AdamW's moments continue in the next round. They are run state, not
+# part of any checkpoint (2x the weights in fp32: ~56 GB per round for a 7B model), so one file
+# holds the latest round's only, keyed by the checkpoint it was saved with; DVC, the data versions
+# and promotion never see it.
+def carried_optimizer_path(root: Path = Path(".")) -> Path:
+    return root / "data" / "run_state" / "optimizer.pt"
+
+
+def save_carried_optimizer(state: dict, checkpoint_id: str, round_number: int, root: Path = Path(".")) -> Path:
+    """Replace the carried moments with `state`, saved after training the checkpoint `checkpoint_id`."""
+    import torch
+
+    from rl_assets.storage import atomic_path
+
+    path = carried_optimizer_path(root)
+    with atomic_path(path) as tmp:
+        torch.save({"checkpoint_id": checkpoint_id, "round": round_number, "optimizer": state}, tmp)
+    return path
+
+
+def load_carried_optimizer(parent_id: str, root: Path = Path("."), device: str = "cpu") -> dict | None:
+    """The moments saved when the parent checkpoint was trained, or None (none saved, or saved by another checkpoint)."""
+    import torch
+
+    path = carried_optimizer_path(root)
+    if not path.is_file():
+        return None
+    saved = torch.load(path, map_location=device)
+    return saved["optimizer"] if saved.get("checkpoint_id") == parent_id else None

@@ -78,6 +78,6 @@ def write_evaluation(root: Path, sampled: dict[int, float]) -> None:
         checkpoint_id = json.loads((root / f"data/r{n:02d}/checkpoint" / LINEAGE_FILE).read_text())["checkpoint_id"]
         for mode, value in (("greedy", accuracy + 0.05), ("sampled", accuracy)):
             rows.append({"checkpoint": f"r{n:02d}/checkpoint", "checkpoint_id": checkpoint_id, "mode": mode, "accuracy": value,
-                         "n_prompts": 2, "n_samples": 1 if mode == "greedy" else 2, "mean_completion_tokens": 1.0,
+                         "reward_mean": value, "pass_at_k": value, "correctness": "arithmetic_answer", "n_prompts": 2, "n_samples": 1 if mode == "greedy" else 2, "mean_completion_tokens": 1.0,
                          "temperature": 0.0 if mode == "greedy" else 1.0, "seed": 0})
     write_table(pa.Table.from_pylist(rows, schema=EVALUATION), root / "data/evaluation.parquet", EVALUATION, "evaluation")

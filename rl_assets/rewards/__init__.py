@@ -6,8 +6,9 @@ the keyword arguments are the rollout table's columns (`answer`, `prompt`, ...) 
 trainer, and tests with a list of strings. Settings come from `rewards.functions[i].options` and are
 bound with `functools.partial`; a None score means "does not apply" and adds 0 to the total.
 
-Built in: math answers (`math_answers.py`), text shape (`text.py`), running code against tests
-(`code_execution.py`) and a sequence-classification reward model (`reward_model.py`).
+Built in: math answers (`math_answers.py`), LaTeX/symbolic answers through math-verify (`symbolic.py`),
+text shape (`text.py`), running code against tests (`code_execution.py`) and a sequence-classification
+reward model (`reward_model.py`).
 """
 
 from __future__ import annotations
@@ -28,11 +29,12 @@ from rl_assets.config import RewardsParams
 from rl_assets.rewards.code_execution import code_execution
 from rl_assets.rewards.math_answers import answer_format, arithmetic_answer, math_answer
 from rl_assets.rewards.reward_model import reward_model
+from rl_assets.rewards.symbolic import math_verify
 from rl_assets.rewards.text import format_regex, length_penalty, repetition_penalty, required_tags
 from rl_assets.schemas import reward_function_names, rewards_schema
 
-BUILT_IN = {f.__name__: f for f in (math_answer, arithmetic_answer, answer_format, format_regex, required_tags, length_penalty,
-                                    repetition_penalty, code_execution, reward_model)}
+BUILT_IN = {f.__name__: f for f in (math_answer, math_verify, arithmetic_answer, answer_format, format_regex, required_tags,
+                                    length_penalty, repetition_penalty, code_execution, reward_model)}
 
 # The rollout columns every reward function receives as keyword arguments.
 COLUMNS = ("prompt", "answer", "prompt_id", "completion_ids", "truncated")
@@ -90,7 +92,7 @@ def check_options(name: str, function: Callable, options: dict) -> None:
             raise ValueError(f"reward {name!r}: cannot read its signature to check options {sorted(options)}") from None
         return
     # A table column passed as an option would be overridden by the column at every call: not an option.
-    named = sorted(n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in ("completions", *COLUMNS))
+    named = sorted(n for n, p in parameters.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) and n not in ("completions", "prompts", *COLUMNS))
     for key in options:
         if key not in named:
             raise ValueError(f"reward {name!r} has no option {key!r}; its options: {named}")
@@ -104,12 +106,13 @@ def reward_config_hash(params: RewardsParams) -> str:
 
 
 def reward_kwargs(rollouts: pa.Table) -> dict[str, list]:
-    """The keyword arguments of every reward call: the COLUMNS, then each key of the `extra` JSON objects.
+    """The keyword arguments of every reward call: the COLUMNS (and `prompts`, as TRL names them), then each key of the `extra` JSON objects.
 
     A row without a key gets None for it. Extra keys never replace a column (the raw_data config
     refuses such names; this keeps tables written before that check safe too).
     """
     kwargs = {column: rollouts[column].to_pylist() for column in COLUMNS}
+    kwargs["prompts"] = kwargs["prompt"]  # TRL's name, so a function written for TRL's trainers runs here unchanged
     if "extra" not in rollouts.column_names:
         return kwargs
     rows = []
@@ -155,7 +158,7 @@ def score_rollouts(rollouts: pa.Table, params: RewardsParams, rollouts_hash: str
     for spec in params.functions:
         function = resolve_reward_function(spec.name, spec.options)
         try:
-            scores = function(completions, **kwargs)
+            scores = function(completions=completions, **kwargs)  # by keyword, as TRL calls it
         except Exception as error:
             raise RuntimeError(f"reward {spec.name!r} failed: {type(error).__name__}: {error}") from error
         scores = _checked(spec.name, scores, rollouts)

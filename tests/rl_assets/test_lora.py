@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
-from rl_assets.checkpoints import save_checkpoint
+from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
 from rl_assets.config import LoraParams, TrainParams
-from rl_assets.models import build_tiny_tokenizer, load_trainable_policy
+from rl_assets.models import build_tiny_tokenizer, load_policy, load_trainable_policy
 from rl_assets.schemas import rewards_schema
 from rl_assets.train import train_on_rollouts
 
@@ -85,3 +88,57 @@ def test_qlora_needs_a_gpu_and_cannot_merge(base):
         load_trainable_policy(base, LORA.model_copy(update={"load_in_4bit": True}), base, "cpu")
     with pytest.raises(ValueError, match="load_in_4bit cannot merge adapters"):
         LoraParams(enabled=True, load_in_4bit=True, merge=True)
+
+
+def perturb_adapters(model, seed: int = 1):
+    """Non-zero adapters, as after training (fresh LoRA B matrices are zero: base + adapters == base)."""
+    generator = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.5)
+    return model
+
+
+@pytest.fixture()
+def relative_adapters(tmp_path, monkeypatch):
+    """A project whose r01 holds adapters trained (from the project root, as run_train does) on the relative data/r00/checkpoint."""
+    project = tmp_path / "project"
+    project.mkdir()
+    monkeypatch.chdir(project)
+    r00, r01 = project / "data/r00/checkpoint", project / "data/r01/checkpoint"
+    save_checkpoint(new_tiny_model(0), build_tiny_tokenizer(), r00, {"round": 0})
+    model, tokenizer = load_trainable_policy("data/r00/checkpoint", LORA, "data/r00/checkpoint")
+    perturb_adapters(model)
+    with torch.no_grad():
+        expected = model(input_ids=torch.tensor([[1, 10, 11, 12]])).logits
+    save_checkpoint(model, tokenizer, "data/r01/checkpoint", {"round": 1}, lora=LORA)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    return r00, r01, expected
+
+
+def test_adapters_name_their_base_by_absolute_path_and_id_and_load_from_any_directory(relative_adapters):
+    r00, r01, expected = relative_adapters
+    config = json.loads((r01 / "adapter_config.json").read_text())
+    assert config["base_model_name_or_path"] == str(r00.resolve()) and Path(config["base_model_name_or_path"]).is_absolute()
+    assert read_lineage(r01)["lora_base"] == {"path": str(r00.resolve()), "checkpoint_id": checkpoint_id(r00)}
+    ids = torch.tensor([[1, 10, 11, 12]])
+    with torch.no_grad():  # the working directory is no longer the project root
+        sampled, _ = load_policy(r01)  # rollouts, evaluation and `rl-assets generate` load it this way
+        assert torch.allclose(sampled(input_ids=ids).logits, expected, atol=1e-5)
+        again, _ = load_trainable_policy(r01, LORA, r00)
+        assert torch.allclose(again(input_ids=ids).logits, expected, atol=1e-5)
+        assert torch.allclose(AutoModelForCausalLM.from_pretrained(r01)(input_ids=ids).logits, expected, atol=1e-5)
+
+
+def test_adapters_refuse_a_base_that_changed_underneath_them(relative_adapters):
+    r00, r01, _ = relative_adapters
+    trained_on = checkpoint_id(r00)
+    replaced = save_checkpoint(new_tiny_model(1), build_tiny_tokenizer(), r00, {"round": 0})  # the next run retrained r00
+    assert replaced != trained_on
+    for load in (lambda: load_policy(r01), lambda: load_trainable_policy(r01, LORA, r00)):
+        with pytest.raises(ValueError, match="LoRA base changed") as error:
+            load()
+        assert trained_on in str(error.value) and replaced in str(error.value) and str(r00.resolve()) in str(error.value)

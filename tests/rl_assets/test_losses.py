@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from rl_assets.losses import LOSS_TYPES, policy_loss, token_entropy
+from rl_assets.losses import LOSS_TYPES, policy_loss, sampler_importance_weights
 
 
 def random_batch(seed: int, N: int = 6, T: int = 7):
@@ -244,7 +244,15 @@ def test_unknown_loss_type_and_missing_length_are_errors():
         policy_loss(logprobs, old, advantages, mask, loss_type="dr_grpo")
 
 
-def test_token_entropy_matches_a_loop():
-    logits = torch.randn(2, 3, 5, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    expected = [[-sum(p * math.log(p) for p in torch.softmax(logits[i, t], -1).tolist()) for t in range(3)] for i in range(2)]
-    assert torch.allclose(token_entropy(logits), torch.tensor(expected, dtype=torch.float64))
+def test_sampler_weights_scale_the_policy_term_and_cap_at_the_limit():
+    torch.manual_seed(0)
+    logprobs = torch.randn(3, 4, dtype=torch.float64, requires_grad=True)
+    old, advantages, mask = logprobs.detach() + 0.01, torch.tensor([1.0, -1.0, 0.5], dtype=torch.float64), torch.ones(3, 4, dtype=torch.float64)
+    sampler = old - torch.tensor([[0.0, 0.1, 5.0, -0.2]] * 3, dtype=torch.float64)  # the sampler gave these tokens lower/higher prob
+    weights = sampler_importance_weights(old, sampler, mask, cap=3.0)
+    assert torch.allclose(weights[0], torch.tensor([1.0, math.exp(0.1), 3.0, math.exp(-0.2)], dtype=torch.float64))
+    plain, _ = policy_loss(logprobs, old, advantages, mask, loss_type="bnpo")
+    weighted, _ = policy_loss(logprobs, old, advantages, mask, loss_type="bnpo", sampler_weights=weights)
+    ratio = torch.exp(logprobs - old)
+    expected = (-torch.min(ratio * advantages[:, None], ratio.clamp(0.8, 1.2) * advantages[:, None]) * weights).mean()
+    assert weighted.item() == pytest.approx(expected.item()) and weighted.item() != pytest.approx(plain.item())

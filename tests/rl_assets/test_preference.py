@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 import pyarrow as pa
 import pytest
 import torch
@@ -89,3 +91,44 @@ def test_rft_raises_the_kept_completion():
     trained, metrics = train_rft(model, tokenizer, *tables(), params, seed=0)
     assert metrics["kept"] == 2 and metrics["steps"] == 3
     assert sequence_logprob(trained, tokenizer, "p1?", "7") > before + 0.5
+
+
+def test_dpo_with_lora_takes_the_parent_with_its_trained_adapters_as_the_reference(tmp_path):
+    """Sigmoid DPO with policy == reference starts at exactly -log sigmoid(0) = log 2, with zero implicit rewards.
+
+    The parent is r00 + adapters trained in earlier rounds; a reference with the adapters disabled
+    (the r00 base) would start elsewhere, which the gap check below makes sure of.
+    """
+    pytest.importorskip("peft")
+    from rl_assets.checkpoints import read_lineage, save_checkpoint
+    from rl_assets.config import LoraParams
+    from rl_assets.models import load_trainable_policy
+
+    lora = LoraParams(enabled=True, r=4, alpha=8, dropout=0.0)
+    tokenizer, r00, r01 = build_tiny_tokenizer(), tmp_path / "r00", tmp_path / "r01"
+    save_checkpoint(new_tiny_model(0), tokenizer, r00, {"round": 0})
+    model, _ = load_trainable_policy(r00, lora, r00)
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # adapters as after earlier rounds: base + adapters is not the base
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator) * 20)
+    save_checkpoint(model, tokenizer, r01, {"round": 1}, lora=lora)
+    parent, _ = load_trainable_policy(r01, lora, r00)  # what run_train hands to DPO in round 2
+
+    gap = lambda m: sequence_logprob(m, tokenizer, "p1?", "7") - sequence_logprob(m, tokenizer, "p1?", "9")  # noqa: E731
+    with parent.disable_adapter():
+        base_gap = gap(parent)
+    beta = 1.0
+    assert abs(math.log1p(math.exp(-beta * (gap(parent) - base_gap))) - math.log(2)) > 0.05  # what a base reference would give
+
+    params = TrainParams(algorithm="dpo", learning_rate=5e-3, epochs=2, lora=lora, dpo={"beta": beta, "min_margin": 0.5, "batch_size": 2})
+    trained, metrics = train_dpo(parent, tokenizer, *tables(), params, seed=0)
+    first = metrics["history"][0]
+    assert first["loss"] == pytest.approx(math.log(2), abs=1e-5)
+    assert first["rewards/chosen"] == pytest.approx(0.0, abs=1e-5) and first["rewards/rejected"] == pytest.approx(0.0, abs=1e-5)
+    assert metrics["history"][-1]["loss"] < math.log(2)  # and it trains the adapters
+    assert list(trained.peft_config) == ["default"]  # no reference adapter left behind to be saved with the checkpoint
+    save_checkpoint(trained, tokenizer, tmp_path / "r02", {"round": 2}, lora=lora)
+    assert sorted(p.name for p in (tmp_path / "r02").iterdir() if p.is_dir()) == []
+    assert read_lineage(tmp_path / "r02")["lora_base"] == {"path": str(r00.resolve()), "checkpoint_id": read_lineage(r00)["checkpoint_id"]}

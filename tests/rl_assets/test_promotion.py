@@ -107,3 +107,57 @@ def test_r00_starts_from_the_promoted_model_when_asked(tmp_path, monkeypatch):
     run_sft(load_params(root / "params.yaml", ["promotion.warm_start=promoted"]), root, "cpu")
     card = read_lineage(root / "data/r00/checkpoint")
     assert (card["checkpoint_id"], card["parent"], card["algorithm"]) == (promoted_id, promoted_id, "promoted")
+
+
+def test_an_adapter_candidate_is_promoted_as_merged_weights_that_load_without_peft_or_r00(tmp_path, monkeypatch):
+    pytest.importorskip("peft")
+    import shutil
+    import sys
+
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from ops_support import write_evaluation
+    from rl_assets.checkpoints import save_checkpoint
+    from rl_assets.config import LoraParams
+    from rl_assets.models import build_tiny_tokenizer, load_trainable_policy
+
+    from rl_assets_support import new_tiny_model
+
+    root = make_fake_project(tmp_path / "project", sampled={0: 0.3, 1: 0.6, 2: 0.5})
+    monkeypatch.chdir(root)
+    lora, r00, r01 = LoraParams(enabled=True, r=4, alpha=8, dropout=0.0), root / "data/r00/checkpoint", root / "data/r01/checkpoint"
+    keep = lambda path: {k: v for k, v in read_lineage(path).items() if k != "checkpoint_id"}  # noqa: E731  the fake cards' lineage
+    base_id = save_checkpoint(new_tiny_model(0), build_tiny_tokenizer(), r00, keep(r00))  # real weights in place of the fake ones
+    model, tokenizer = load_trainable_policy("data/r00/checkpoint", lora, "data/r00/checkpoint")  # relative, as run_train passes it
+    generator = torch.Generator().manual_seed(1)
+    with torch.no_grad():  # trained adapters: base + adapters is not the base
+        for name, parameter in model.named_parameters():
+            if "lora_B" in name:
+                parameter.copy_(torch.randn(parameter.shape, generator=generator))
+        ids = torch.tensor([[1, 10, 11, 12]])
+        expected = model(input_ids=ids).logits
+    adapters_id = save_checkpoint(model, tokenizer, "data/r01/checkpoint", {**keep(r01), "parent": base_id}, lora=lora)
+    assert (r01 / "adapter_config.json").is_file()
+    write_evaluation(root, {0: 0.3, 1: 0.6, 2: 0.5})
+
+    metadata = promote_once(root, monkeypatch)
+    promoted = root / "models/promoted"
+    card = json.loads((promoted / "model_card.json").read_text())
+    merged_id = weights_hash(promoted)
+    assert metadata["promoted"] and metadata["source"] == "r01/checkpoint" and metadata["checkpoint_id"] == merged_id != adapters_id
+    assert (promoted / "model.safetensors").is_file() and not (promoted / "adapter_config.json").exists()
+    assert card["checkpoint_id"] == read_lineage(promoted)["checkpoint_id"] == merged_id  # loads like any checkpoint
+    assert card["merged_from_adapters"] == {"checkpoint_id": adapters_id, "lora_base": {"path": str(r00.resolve()), "checkpoint_id": base_id}}
+    assert read_lineage(promoted)["merged_from_adapters"] == card["merged_from_adapters"]
+    assert weights_hash(root / "models/versions" / merged_id) == merged_id and promotion.promoted_stack(promotion.history(root / "models")) == [merged_id]
+    assert "merged from LoRA adapters" in (promoted / "README.md").read_text()
+    assert "already the promoted model" in promote_once(root, monkeypatch)["reason"]  # the same adapters are not promoted twice
+
+    shutil.rmtree(root / "data/r00")  # the next run replaces r00; the promoted model must not need it
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    monkeypatch.setitem(sys.modules, "peft", None)  # `import peft` fails: plain transformers only
+    with torch.no_grad():
+        loaded = AutoModelForCausalLM.from_pretrained(promoted)
+        assert torch.allclose(loaded(input_ids=ids).logits, expected, atol=1e-5)

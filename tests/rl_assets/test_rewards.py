@@ -171,7 +171,7 @@ def test_user_function_gets_the_table_columns_and_a_short_column_name(user_modul
     assert table.column_names[-1] == "score_length_bonus"
     assert table["score_length_bonus"].to_pylist() == [1.0, 8.0, 1.0, 2.0]
     assert table["reward"].to_pylist() == [2.0, 16.0, 2.0, 4.0]
-    assert sys.modules[USER_MODULE].CALLS == [["answer", "completion_ids", "prompt", "prompt_id", "truncated"]]
+    assert sys.modules[USER_MODULE].CALLS == [["answer", "completion_ids", "prompt", "prompt_id", "prompts", "truncated"]]
 
 
 def test_none_scores_stay_null_and_count_as_zero(user_module):
@@ -296,6 +296,23 @@ def test_extra_column_keys_become_keyword_arguments(user_module):
     assert kwargs["answer"] == ["2", "2", "2", "2"]  # a column always wins over an extra key
     scored = score_rollouts(table, RewardsParams(functions=[{"name": "code_execution"}]), "h")
     assert scored["score_code_execution"].to_pylist() == [1.0, 0.0, None, None]
+
+
+def test_a_reward_written_for_trl_gets_prompts_by_trls_name(monkeypatch):
+    """TRL calls reward_func(prompts=..., completions=..., completion_ids=..., **columns): the same function runs here."""
+    import types
+
+    seen = {}
+
+    def trl_style(prompts, completions, completion_ids, **kwargs):
+        seen["prompts"] = prompts
+        return [float(c in p) for p, c in zip(prompts, completions)]
+
+    monkeypatch.setitem(sys.modules, "trl_style_rewards", types.SimpleNamespace(trl_style=trl_style))
+    table = rollouts_table([{"prompt_id": "p1", "sample_idx": 0, "prompt": "7*8=", "completion": "8"},
+                            {"prompt_id": "p1", "sample_idx": 1, "prompt": "7*8=", "completion": "56"}])
+    scored = score_rollouts(table, RewardsParams(functions=[{"name": "trl_style_rewards:trl_style"}]), "h")
+    assert seen["prompts"] == ["7*8=", "7*8="] and scored["score_trl_style"].to_pylist() == [1.0, 0.0]
 
 
 def test_extra_that_is_not_an_object_names_the_rollout():

@@ -149,3 +149,41 @@ def test_rollout_engine_falls_back_to_transformers_without_a_gpu_or_vllm(monkeyp
         rollouts_vllm.resolve_engine("vllm", "cuda")
     monkeypatch.setattr(rollouts_vllm, "vllm_available", lambda: True)
     assert rollouts_vllm.resolve_engine("auto", "cuda:0") == "vllm"
+
+
+def test_vllm_path_asks_for_its_logprobs_and_ignores_the_checkpoint_generation_config(monkeypatch):
+    """vLLM is not installed here: a stand-in module records what rollouts_vllm asks of vLLM's documented API."""
+    import sys
+    import types
+
+    from rl_assets.rollouts_vllm import generate_vllm
+
+    tokenizer = build_tiny_tokenizer()
+    eos = tokenizer.eos_token_id
+    calls = {}
+
+    class LLM:
+        def __init__(self, **kwargs):
+            calls["llm"] = kwargs
+
+        def generate(self, requests, sampling, use_tqdm):
+            calls["requests"] = requests
+            step = lambda tokens: [{t: types.SimpleNamespace(logprob=-0.5 * (i + 1))} for i, t in enumerate(tokens)]  # noqa: E731
+            samples = [[5, 6, eos, 9], [7, 8, 9]]  # vLLM may return a token past a stop id; the second never stops
+            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=s, logprobs=step(s)) for s in samples]) for _ in requests]
+
+    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kwargs: kwargs))
+    out = generate_vllm("ckpt", tokenizer, ["<s>1+1=", "2+2="], 2, temperature=0.7, top_p=0.9, max_new_tokens=4, seed=3, eos_ids=[eos, 99])
+    assert calls["llm"]["generation_config"] == "vllm" and calls["llm"]["logprobs_mode"] == "processed_logprobs"
+    assert calls["requests"][0]["prompt_token_ids"][:2] != [tokenizer.bos_token_id] * 2  # one BOS
+    assert out.completion_ids == [[5, 6, eos], [7, 8, 9]] * 2 and out.truncated == [False, True] * 2
+    assert out.sampler_logprobs == [[-0.5, -1.0, -1.5], [-0.5, -1.0, -1.5]] * 2
+
+
+def test_stored_rollouts_carry_the_sampler_logprobs_column():
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    params = RolloutsParams(prompts_per_round=2, samples_per_prompt=2, max_new_tokens=3, logprob_batch_size=3)
+    table = sample_rollouts(tiny_model, tokenizer, prompts_table([("1+1=", "2"), ("2+2=", "4")]), params, round_number=1, seed=0,
+                            policy_id="p", prompts_hash="h", progress=False)
+    assert table["sampler_logprobs"].to_pylist() == [None] * 4  # transformers generate: the stored log-probs are the sampler's
+    assert [len(lp) for lp in table["logprobs"].to_pylist()] == [len(c) for c in table["completion_ids"].to_pylist()]

@@ -21,12 +21,13 @@ SAMPLES = {
     "rollouts": (ROLLOUTS, [
         {"round": 1, "prompt_id": "p", "sample_idx": s, "prompt": "1+2=", "answer": "3", "extra": "{}", "completion": "3",
          "prompt_ids": [1, 5, 67, 6, 71], "completion_ids": [7, 2][: s + 1], "logprobs": [-0.5, -1.25][: s + 1],
-         "truncated": s == 0, "policy_id": "ckpt", "temperature": 1.0, "top_p": 0.5, "max_new_tokens": 4, "seed": 1001,
+         "sampler_logprobs": None if s == 0 else [-0.5, -1.5], "truncated": s == 0, "policy_id": "ckpt", "temperature": 1.0, "top_p": 0.5, "max_new_tokens": 4, "seed": 1001,
          "prompts_hash": "h"}
         for s in range(2)
     ]),
     "evaluation": (EVALUATION, [
-        {"checkpoint": "r00/checkpoint", "checkpoint_id": "id0", "mode": "greedy", "accuracy": 0.25, "n_prompts": 8,
+        {"checkpoint": "r00/checkpoint", "checkpoint_id": "id0", "mode": "greedy", "accuracy": 0.25, "reward_mean": 0.3,
+         "pass_at_k": 0.25, "correctness": "arithmetic_answer", "n_prompts": 8,
          "n_samples": 1, "mean_completion_tokens": 3.5, "temperature": 0.0, "seed": 0},
     ]),
     "rewards": (rewards_schema(["arithmetic_answer", "answer_format"]), [

@@ -36,3 +36,17 @@ def test_warm_start_without_sft_rows():
     prompts = prompts_table([("1+1=", "2"), ("1+2=", "3")], ["rl", "eval"])
     with pytest.raises(ValueError, match="no 'sft' split rows"):
         warm_start(new_tiny_model(0), build_tiny_tokenizer(), prompts, SFTParams(max_steps=1), seed=0)
+
+
+def test_sft_examples_are_the_generation_prompt_ids_then_the_answer_and_eos():
+    from rl_assets.prompts import encode_prompts
+    from rl_assets.sft import sft_examples
+
+    tokenizer = build_tiny_tokenizer()
+    examples = sft_examples(tokenizer, ["1+1=", "<s>3*4="], ["2", "12"])  # the second starts with the BOS text, like a chat template
+    prompt_ids = encode_prompts(tokenizer, ["1+1=", "<s>3*4="])
+    assert prompt_ids[1][:2] != [tokenizer.bos_token_id] * 2  # one BOS, not two
+    for ids, mask, prompt, answer in zip(examples["input_ids"], examples["completion_mask"], prompt_ids, ["2", "12"]):
+        assert ids[: len(prompt)] == prompt and ids[-1] == tokenizer.eos_token_id
+        assert tokenizer.decode(ids[len(prompt) : -1]) == answer
+        assert mask == [0] * len(prompt) + [1] * (len(answer) + 1)

@@ -215,22 +215,29 @@ def test_resume_refuses_a_state_from_another_configuration(rollouts, tmp_path):
     assert metrics["resumed_from_step"] == 0
 
 
-def test_reference_kl_is_zero_against_itself_and_the_exact_kl_otherwise(rollouts):
-    from rl_assets.rollouts import completion_distributions
+def _next_token_distributions(model, prompt: list[int], completion: list[int]) -> torch.Tensor:
+    """(len(completion), V) float64 log-distributions predicting each completion token, one unpadded sequence."""
+    with torch.no_grad():
+        logits = model(input_ids=torch.tensor([prompt + completion])).logits[0].double() / TEMPERATURE
+    return torch.log_softmax(logits, dim=-1)[len(prompt) - 1 : len(prompt) - 1 + len(completion)]
+
+
+@pytest.mark.parametrize("max_logits", [2**25, 1])  # one chunk per prompt length, and one row per forward
+def test_reference_kl_is_zero_against_itself_and_the_exact_kl_otherwise(rollouts, max_logits, monkeypatch):
+    import rl_assets.rollouts
     from rl_assets.train import reference_kl
 
+    chunked = rl_assets.rollouts.completion_kl
+    monkeypatch.setattr("rl_assets.train.completion_kl", lambda *a, **k: chunked(*a, **k, max_logits=max_logits))
     policy, reference = new_tiny_model(0), new_tiny_model(1)
     assert reference_kl(policy, new_tiny_model(0), rollouts, pad_id=0, temperature=TEMPERATURE) == 0.0
     total = tokens = 0.0
     for row in range(rollouts.num_rows):
-        args = ([rollouts["prompt_ids"][row].as_py()], [rollouts["completion_ids"][row].as_py()])
-        with torch.no_grad():
-            p, mask = completion_distributions(policy, *args, pad_id=0, temperature=TEMPERATURE)
-            q, _ = completion_distributions(reference, *args, pad_id=0, temperature=TEMPERATURE)
-        for t in range(int(mask.sum())):
-            total += sum(math.exp(a) * (a - b) for a, b in zip(p[0, t].tolist(), q[0, t].tolist()))
-            tokens += 1
-    measured = reference_kl(policy, reference, rollouts, pad_id=0, temperature=TEMPERATURE, batch_size=3)
+        prompt, completion = rollouts["prompt_ids"][row].as_py(), rollouts["completion_ids"][row].as_py()
+        p, q = _next_token_distributions(policy, prompt, completion), _next_token_distributions(reference, prompt, completion)
+        total += (p.exp() * (p - q)).sum().item()
+        tokens += len(completion)
+    measured = reference_kl(policy, reference, rollouts, pad_id=0, temperature=TEMPERATURE)
     assert measured > 0 and measured == pytest.approx(total / tokens, rel=1e-5)
 
 
@@ -260,3 +267,74 @@ def test_carried_optimizer_state_continues_adam_instead_of_starting_fresh(rollou
     a, b, c = carried.state_dict(), one_run.state_dict(), fresh.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
     assert any(not torch.allclose(a[k], c[k], atol=1e-6) for k in a)
+
+
+def _with_sampler_logprobs(rollouts, shift: float):
+    """The table as vLLM would have stored it: its own log-probs, `shift` below the trainer's recomputed ones."""
+    column = pa.array([[v - shift for v in row] for row in rollouts["logprobs"].to_pylist()], type=pa.list_(pa.float32()))
+    return rollouts.set_column(rollouts.schema.get_field_index("sampler_logprobs"), "sampler_logprobs", column)
+
+
+def test_sampler_logprobs_reweight_the_update_unless_the_correction_is_off(rollouts):
+    totals = [1.0, 0.0, 0.5, 0.0]
+    plain, _, _ = train(rollouts, totals)
+    corrected, _, _ = train(_with_sampler_logprobs(rollouts, 1.0), totals)
+    off, _, _ = train(_with_sampler_logprobs(rollouts, 1.0), totals, TRAIN.model_copy(update={"sampler_correction_cap": None}))
+    agrees = _with_sampler_logprobs(rollouts, 0.0)  # a sampler that agrees with the trainer: weight 1, the same update
+    same, _, _ = train(agrees, totals)
+    a, b, c, d = plain.state_dict(), corrected.state_dict(), off.state_dict(), same.state_dict()
+    assert any(not torch.allclose(a[k], b[k], atol=1e-7) for k in a)
+    assert all(torch.equal(a[k], c[k]) for k in a) and all(torch.allclose(a[k], d[k], atol=1e-7) for k in a)
+
+
+def test_group_size_comes_from_the_table_and_a_mismatch_names_both(rollouts):
+    from rl_assets.train import table_group_size
+
+    assert table_group_size(rollouts, 2) == 2
+    with pytest.raises(ValueError, match="rollouts table has 2 samples per prompt but rollouts.samples_per_prompt is 4"):
+        table_group_size(rollouts, 4)
+    with pytest.raises(ValueError, match=r"same number of consecutive samples; found group sizes \[1, 3\]"):
+        table_group_size(rollouts.take([0, 1, 2, 0]).set_column(1, "prompt_id", pa.array(["a", "b", "b", "b"])), 2)
+
+
+@pytest.fixture()
+def fresh_accelerator_state():
+    """Accelerate keeps one process-wide state; a test with other precision settings needs its own."""
+    from accelerate.state import AcceleratorState
+
+    AcceleratorState._reset_state()
+    yield
+    AcceleratorState._reset_state()
+
+
+def test_bf16_stores_logprobs_in_the_trainers_precision_and_keeps_fp32_master_weights(fresh_accelerator_state):
+    """Under bf16 autocast (CPU here, CUDA on GPUs) the first ratio is 1 when the rollouts used the same autocast."""
+    from rl_assets.precision import compute_autocast
+
+    tokenizer = build_tiny_tokenizer()
+    prompts = prompts_table([("1+2=", "3"), ("4+4=", "8"), ("7*3=", "21"), ("9-5=", "4")])
+    params = RolloutsParams(prompts_per_round=4, samples_per_prompt=2, max_new_tokens=4, temperature=TEMPERATURE)
+    bf16 = TRAIN.model_copy(update={"mixed_precision": "bf16", "minibatch_size": 8})
+
+    def first_step_kl_old(autocast):
+        table = sample_rollouts(new_tiny_model(0), tokenizer, prompts, params, round_number=1, seed=0, policy_id="p", prompts_hash="h",
+                                progress=False, autocast=autocast)
+        model, _, history, _ = train_on_rollouts(new_tiny_model(0), table, rewards_for(table, [1.0, 0.0] * 4), bf16, group_size=2,
+                                                 temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4, progress=False)
+        assert all(p.dtype == torch.float32 for p in model.parameters())  # fp32 master weights under bf16 compute
+        return abs(history[0]["kl_old"])
+
+    matched, mismatched = first_step_kl_old(compute_autocast("bf16", "cpu")), first_step_kl_old(None)
+    assert matched < 1e-6 < mismatched
+
+
+def test_whole_copy_rebuilds_a_plain_model_from_gathered_weights():
+    """What rank 0 does under FSDP: the gathered full state dict into an unsharded model of the same architecture."""
+    from rl_assets.train import _whole_copy
+
+    model = new_tiny_model(3)
+    copy = _whole_copy(model, {k: v.clone() for k, v in model.state_dict().items()})
+    assert type(copy) is type(model) and copy is not model
+    ids = torch.tensor([[1, 5, 6, 7]])
+    with torch.no_grad():
+        assert torch.equal(copy(input_ids=ids).logits, model(input_ids=ids).logits)

@@ -1,0 +1,33 @@
+"""bench/memory.py runs end to end at a tiny shape: both sides of both cases report a positive peak and a ratio.
+
+No assertion on the ratio itself: it is a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+
+from conftest import PYTHON, REPO
+
+TINY = ["--vocab", "4096", "--hidden", "16", "--intermediate", "32", "--sequences", "4", "--group-size", "2",
+        "--prompt-tokens", "8", "--completion-tokens", "16"]
+
+
+def test_memory_bench_reports_both_peaks_and_a_ratio(tmp_path):
+    out = tmp_path / "memory.json"
+    done = subprocess.run([PYTHON, str(REPO / "bench" / "memory.py"), *TINY, "--json", str(out)], cwd=REPO, capture_output=True,
+                          text=True, timeout=600)
+    assert done.returncode == 0, f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
+    assert "target: rl-assets <= 1.0x TRL" in done.stdout
+    for case in ("logprobs", "train"):
+        row = re.search(rf"^{case}\s+(\d+)\s+(\d+)\s+(\d+\.\d+)x", done.stdout, re.MULTILINE)
+        assert row, f"no table row for {case}:\n{done.stdout}"
+        assert int(row[1]) > 0 and int(row[2]) > 0
+    summary = json.loads(out.read_text())
+    assert summary["shape"]["sequences"] == 4 and summary["shape"]["vocab"] == 4096
+    for case in ("logprobs", "train"):
+        numbers = summary["cases"][case]
+        assert numbers["rl_assets"]["peak_mib"] > 0 and numbers["trl"]["peak_mib"] > 0
+        assert numbers["ratio_rl_assets_over_trl"] > 0
