@@ -24,7 +24,8 @@ def compute_tags() -> dict:
 
 
 COMPUTE_TAGS = compute_tags()
-# A training step killed by a preemption or an OOM is retried; it resumes from its last saved state.
+# A training step killed by a preemption or an OOM is retried; it resumes from its last saved state. Only such
+# transient failures reach the policy: run_compute raises Failure(allow_retries=False) for an error that would recur.
 TRAINING_RETRY = RetryPolicy(max_retries=2, delay=30, backoff=Backoff.EXPONENTIAL)
 
 

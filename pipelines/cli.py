@@ -7,6 +7,8 @@
 """
 
 import argparse
+import contextlib
+import logging
 import os
 import sys
 import time
@@ -28,16 +30,111 @@ def rl_pipeline_job():
     return defs.resolve_job_def("rl_pipeline")
 
 
-def execute(selection: list[str] | None) -> bool:
-    """Execute the job (or a selection of its assets) on the project instance; True on success."""
+def execute(selection: list[str] | None) -> tuple[bool, list[str]]:
+    """Execute the job (or a selection of its assets) on the project instance: (success, what a failed run reports)."""
     from dagster import AssetKey, DagsterInstance, execute_job, reconstructable
 
     with DagsterInstance.get() as instance:
         keys = [AssetKey.from_user_string(k) for k in selection] if selection else None
         quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
-        result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet)
-        print(f"dagster run {result.run_id}: {'success' if result.success else 'FAILED'}", file=sys.stderr)
-        return result.success
+        with _one_line_per_skip():
+            result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet)
+        if result.success:
+            print(f"dagster run {result.run_id}: success", file=sys.stderr)
+            return True, []
+        return False, failure_report(instance, result.run_id)
+
+
+@contextlib.contextmanager
+def _one_line_per_skip():
+    """Drop the console's "Dependencies for step … Not executing." line per step downstream of a failure (the run
+    coordinator logs them, in this process); the event log keeps them and `failure_report` counts the steps."""
+    default = logging.getLoggerClass()
+
+    class Console(default):  # Dagster's console logger is an instance of the current logger class
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            self.addFilter(lambda record: not str(record.getMessage()).rstrip().endswith("Not executing."))
+
+    logging.setLoggerClass(Console)
+    try:
+        yield
+    finally:
+        logging.setLoggerClass(default)
+
+
+def _step_names() -> dict[str, str]:
+    """Step key -> what a user calls it: the asset key(s) it materializes, or `checks of <asset>`."""
+    from pipelines.definitions import defs
+
+    names = {}
+    for assets_def in defs.resolve_asset_graph().assets_defs:
+        if not assets_def.is_executable:
+            continue
+        keys = [key.to_user_string() for key in assets_def.keys]
+        checked = sorted({check.asset_key.to_user_string() for check in assets_def.check_keys})
+        names[assets_def.node_def.name] = ", ".join(keys) if keys else f"checks of {', '.join(checked)}"
+    return names
+
+
+def _error_text(failure, max_lines: int = 3) -> str:
+    """The error's own message from a STEP_FAILURE event: a Failure's description, else the user exception's message."""
+    data = failure.dagster_event.event_specific_data
+    if data.user_failure_data is not None and data.user_failure_data.description:
+        text = data.user_failure_data.description
+    elif data.error is not None:
+        error = data.error
+        while error.cls_name in ("DagsterExecutionStepExecutionError", "DagsterUserCodeExecutionError") and error.cause is not None:
+            error = error.cause  # Dagster's wrapper around the exception the asset raised
+        text = error.message
+    else:
+        text = "failed (no error recorded)"
+    lines = [line.strip()[:500] for line in text.strip().splitlines() if line.strip()]
+    return "\n    ".join(lines[:max_lines] + (["..."] if len(lines) > max_lines else []))
+
+
+def _log_path(instance, run_id: str, step_key: str, captures) -> str | None:
+    """The captured stderr file of the step's last attempt, when the instance keeps compute logs on local disk."""
+    manager = instance.compute_log_manager
+    keys = [e.dagster_event.event_specific_data.file_key for e in captures if step_key in e.dagster_event.event_specific_data.step_keys]
+    if not keys or not hasattr(manager, "get_captured_local_path"):
+        return None
+    path = Path(manager.get_captured_local_path([run_id, "compute_logs", keys[-1]], "err"))
+    if not path.is_file():
+        return None
+    try:
+        return str(path.relative_to(Path.cwd().resolve()))
+    except ValueError:
+        return str(path)
+
+
+def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -> list[str]:
+    """The lines that end a failed run: each failed step with its error, one line for what was skipped, where the logs are."""
+    from dagster import DagsterEventType
+
+    events = instance.all_logs(run_id, of_type={DagsterEventType.STEP_FAILURE, DagsterEventType.STEP_RESTARTED,
+                                                DagsterEventType.LOGS_CAPTURED})
+    of = lambda kind: [e for e in events if e.dagster_event.event_type == kind]  # noqa: E731
+    names = _step_names() if names is None else names
+    lines, logs = [], []
+    for failure in of(DagsterEventType.STEP_FAILURE):
+        step = failure.dagster_event.step_key
+        attempts = 1 + sum(e.dagster_event.step_key == step for e in of(DagsterEventType.STEP_RESTARTED))
+        tried = f" (after {attempts} attempts)" if attempts > 1 else ""
+        lines.append(f"failed: {names.get(step, step)}{tried}: {_error_text(failure)}")
+        if path := _log_path(instance, run_id, step, of(DagsterEventType.LOGS_CAPTURED)):
+            logs.append(f"log of {names.get(step, step)}: {path}")
+    run = instance.get_run_by_id(run_id)
+    started = {e.dagster_event.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)}
+    planned = run.step_keys_to_execute or [step.key for step in instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id).steps]
+    skipped = [names.get(step, step) for step in planned if step not in started]
+    assets = [name for name in skipped if not name.startswith("checks of ")]
+    if skipped:
+        shown = ", ".join(assets[:6]) + (f", ... ({len(assets) - 6} more)" if len(assets) > 6 else "")
+        lines.append(f"skipped: {len(assets)} assets after the failure ({shown or 'none'}) and {len(skipped) - len(assets)} check steps")
+    if not lines:
+        lines.append("failed before any step ran (see the output above)")
+    return [*lines, *logs, f"dagster run {run_id}: make ui, then http://127.0.0.1:3000/runs/{run_id}"]
 
 
 def latest_run() -> dict | None:
@@ -84,8 +181,13 @@ def main(argv=None) -> int:
     from pipelines.steps import load_project_params
     from rl_assets.config import ParamsError
 
-    try:  # fail on a bad params file before Dagster loads the graph or starts a run
-        load_project_params()
+    try:  # fail on a bad params file, a missing data source or a model that misfits its tokenizer before a run starts
+        params = load_project_params()
+        if args.command in ("run", "materialize"):
+            from pipelines.steps import ParamsResource
+            from rl_assets.raw_data import check_run_inputs
+
+            check_run_inputs(params, ParamsResource().path, getattr(args, "keys", None))
     except ParamsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -108,11 +210,15 @@ def main(argv=None) -> int:
     if args.command == "status":
         return print_status()
     started = time.perf_counter()
-    ok = execute(args.keys if args.command == "materialize" else None)
+    ok, report = execute(args.keys if args.command == "materialize" else None)
+    if not ok:  # last in the output: what failed, its own error, where the full log is
+        print(f"\n{args.command} FAILED after {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        print("\n".join(report), file=sys.stderr)
+        return 1
     if args.command == "run":
         from rl_assets.evaluation import summary_text
 
-        print(summary_text(Path(".")) if ok else "pipeline failed: see the run in the Dagster UI (make ui)")
+        print(summary_text(Path(".")))
         print(f"\nfinished in {time.perf_counter() - started:.0f} s; outputs under data/; runs and metadata: make ui (http://127.0.0.1:3000)")
-    return 0 if ok else 1
+    return 0
 

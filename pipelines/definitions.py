@@ -3,7 +3,9 @@
 Loads without importing torch, transformers or trl (each UI reload and schedule tick loads it).
 """
 
-from dagster import AssetSelection, Definitions, PipesSubprocessClient, define_asset_job, multiprocess_executor
+import warnings
+
+from dagster import AssetSelection, Definitions, PipesSubprocessClient, PreviewWarning, define_asset_job, multiprocess_executor
 
 from pipelines.assets import base_checkpoint, evaluation_asset, prompts, raw_data
 from pipelines.checks import asset_checks
@@ -12,6 +14,9 @@ from pipelines.reward_model import reward_model_asset
 from pipelines.rounds import round_assets
 from pipelines.schedules import raw_data_sensor, retrain_schedule
 from pipelines.steps import ParamsResource, load_project_params
+
+# Dagster's own Pipes client reads this preview property on every compute step; the warning is not about our code.
+warnings.filterwarnings("ignore", message=r"Function `PipesMessageReader\.expected_writer_count` is currently in preview", category=PreviewWarning)
 
 PARAMS = load_project_params()
 ROUNDS = PARAMS.rounds

@@ -9,12 +9,14 @@ so it is always called as a command, never imported.
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
 from pathlib import Path
 
 import yaml
+from dagster import AssetKey
 
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, dvc_stage_name, output_path
 from rl_assets.tracking import ROUND_PLOTS
@@ -28,23 +30,87 @@ def dvc_executable() -> str | None:
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
+SYNC = "run `rl-assets dvc-sync` (or `make dvc-sync`) to regenerate it from the graph"
+STAGE_FIELDS = ("cmd", "deps", "params", "outs", "metrics", "plots")
+
+
 def record_in_dvc(context, key: str) -> None:
-    """Commit the stage of `key` to dvc.lock after a materialization DVC did not drive."""
+    """Commit the stage of `key` to dvc.lock after a materialization DVC did not drive.
+
+    Only when dvc.yaml's stage is the one the asset graph generates now: committing a stale stage
+    (rounds or sources changed since `dvc-sync`) would record deps this run did not use, so the
+    warning names the difference and the command that fixes it. A failed commit is reported with
+    DVC's own message.
+    """
     if os.environ.get("DVC_STAGE") or os.environ.get("RL_ASSETS_DVC_COMMIT", "1") == "0":
         return  # dvc repro is running this stage and records it itself
     if not Path("dvc.yaml").is_file():
         return
     stage = dvc_stage_name(key)
-    if stage not in (yaml.safe_load(Path("dvc.yaml").read_text()) or {}).get("stages", {}):
-        context.log.warning(f"dvc.yaml has no stage {stage!r}; run `rl-assets dvc-sync` so DVC tracks this asset")
+    written = (yaml.safe_load(Path("dvc.yaml").read_text()) or {}).get("stages", {})
+    if stage not in written:
+        context.log.warning(f"dvc.yaml is out of date (rounds or sources changed since it was written): it has no stage {stage!r}, "
+                            f"so dvc.lock was not updated; {SYNC}")
+        return
+    expected = asset_stage(context, key)
+    if expected is not None and written[stage] != expected:
+        context.log.warning(f"dvc.yaml is out of date (rounds or sources changed since it was written): its stage {stage!r} differs "
+                            f"from the asset graph ({stage_difference(written[stage], expected)}), so dvc.lock was not updated; {SYNC}")
         return
     dvc = dvc_executable()
     if dvc is None:
         context.log.warning("dvc not found (make setup installs it in .venv-dvc); dvc.lock not updated")
         return
-    done = subprocess.run([dvc, "commit", "--force", "--quiet", stage], capture_output=True, text=True)
+    # Not --quiet: DVC's quiet mode drops its error message as well, which left the warning empty.
+    done = subprocess.run([dvc, "commit", "--force", stage], capture_output=True, text=True)
     if done.returncode:
-        context.log.warning(f"dvc commit {stage} failed: {done.stderr.strip() or done.stdout.strip()}")
+        context.log.warning(f"dvc commit {stage} failed: {dvc_message(done)}")
+
+
+def dvc_message(done: subprocess.CompletedProcess) -> str:
+    """What a failed DVC command said: its ERROR lines, else everything it printed, else its exit status."""
+    text = "\n".join(part.strip() for part in (done.stderr, done.stdout) if part and part.strip())
+    errors = [line.removeprefix("ERROR:").strip() for line in text.splitlines() if line.startswith("ERROR:")]
+    return "; ".join(errors) or text or f"exit status {done.returncode} and no output"
+
+
+def asset_stage(context, key: str) -> dict | None:
+    """The stage `dvc-sync` would write for `key` now, from the running asset's own spec (None outside a run)."""
+    try:
+        spec = context.assets_def.specs_by_key[AssetKey.from_user_string(key)]
+    except Exception:  # a context without an assets definition (an asset body called directly)
+        return None
+    metadata = {name: getattr(value, "value", value) for name, value in spec.metadata.items()}
+    return graph_stage(key, metadata, [dep.asset_key.to_user_string() for dep in spec.deps])
+
+
+def stage_difference(written: dict, expected: dict) -> str:
+    """What differs between dvc.yaml's stage and the generated one, field by field.
+
+    >>> stage_difference({"deps": ["a", "data/r03/checkpoint"], "outs": ["o"]}, {"deps": ["a"], "outs": ["o"]})
+    'deps: data/r03/checkpoint not in the graph'
+    """
+    def entries(value) -> list[str]:
+        items = value if isinstance(value, list) else [] if value is None else [value]
+        return [item if isinstance(item, str) else json.dumps(item, sort_keys=True) for item in items]
+
+    fields = [f for f in STAGE_FIELDS if f in written or f in expected] + sorted((set(written) | set(expected)) - set(STAGE_FIELDS))
+    parts = []
+    for field in fields:
+        have, want = entries(written.get(field)), entries(expected.get(field))
+        if have != want:
+            missing, extra = [w for w in want if w not in have], [h for h in have if h not in want]
+            words = ([f"{', '.join(missing)} missing"] if missing else []) + ([f"{', '.join(extra)} not in the graph"] if extra else [])
+            parts.append(f"{field}: {'; '.join(words) or 'order differs'}")
+    return "; ".join(parts)
+
+
+def graph_stage(key: str, metadata: dict, parents: list[str]) -> dict | None:
+    """The stage of one asset from its `rl_assets/*` metadata and upstream keys (None: not a DVC stage)."""
+    if "rl_assets/params" not in metadata:
+        return None  # not a reproducible output (promoted_model)
+    return stage_spec(key, upstream=sorted(parents), params_sections=list(metadata["rl_assets/params"]),
+                      code=list(metadata["rl_assets/code"]), extra_deps=list(metadata.get("rl_assets/inputs", [])))
 
 
 def stage_spec(key: str, upstream: list[str], params_sections: list[str], code: list[str], extra_deps: list[str]) -> dict:
@@ -68,15 +134,9 @@ def dvc_yaml_text(asset_graph) -> str:
     for asset_key in asset_graph.toposorted_asset_keys:
         node = asset_graph.get(asset_key)
         key = asset_key.to_user_string()
-        meta = {name: getattr(value, "value", value) for name, value in node.metadata.items()}
-        if "rl_assets/params" not in meta:
-            continue  # not a reproducible output (promoted_model), so not a DVC stage
-        stages[dvc_stage_name(key)] = stage_spec(
-            key,
-            upstream=sorted(parent.to_user_string() for parent in node.parent_keys),
-            params_sections=list(meta["rl_assets/params"]),
-            code=list(meta["rl_assets/code"]),
-            extra_deps=list(meta.get("rl_assets/inputs", [])),
-        )
+        metadata = {name: getattr(value, "value", value) for name, value in node.metadata.items()}
+        stage = graph_stage(key, metadata, [parent.to_user_string() for parent in node.parent_keys])
+        if stage is not None:
+            stages[dvc_stage_name(key)] = stage
     header = "# Generated from the Dagster asset graph by `rl-assets dvc-sync`; do not edit by hand.\n"
     return header + yaml.safe_dump({"stages": stages}, sort_keys=False, width=120)

@@ -5,27 +5,117 @@
 
 Rank 0 opens the Pipes session and reports the step's metadata and its output's content hash as the
 data version; other ranks only compute. Imports dagster_pipes (no Dagster), so the child stays light.
+
+A step that raises says whether a retry could help. The child prints the traceback, then one line
+`error: <ExceptionType>: <message>` on stderr, writes that line and its verdict to
+`$RL_ASSETS_ERROR_DIR/rank<R>.json` (a launcher such as torchrun exits 1 whatever its workers did), and
+exits with DETERMINISTIC_EXIT (the same inputs would fail again: bad params, data or state, a shape
+error, a reward that raises, any bug) or TRANSIENT_EXIT (out of device memory, a collective or network
+that timed out or lost a peer). A process killed by a signal (the OOM killer, a preemption) writes
+nothing. `pipelines.steps.run_compute` turns the verdict into Dagster's retry decision.
 """
 
+from __future__ import annotations
+
+import json
+import os
+import re
 import sys
+import traceback
 from pathlib import Path
 
-from dagster_pipes import open_dagster_pipes
+ERROR_DIR_ENV = "RL_ASSETS_ERROR_DIR"
+DETERMINISTIC_EXIT = 65  # sysexits EX_DATAERR: retrying cannot help
+TRANSIENT_EXIT = 75  # sysexits EX_TEMPFAIL: a retry may succeed
 
-from rl_assets import compute
-from rl_assets.storage import content_hash
+# RuntimeErrors raised by torch.distributed backends and CUDA when a peer, the network or the device fails.
+TRANSIENT_MESSAGE = re.compile(r"NCCL|\bgloo\b|timed out|timeout|connection (closed|reset|refused) by peer|"
+                               r"out of memory|ECC error", re.IGNORECASE)
 
 
-def main(argv: list[str] | None = None) -> int:
+def _transient_types() -> tuple[type[BaseException], ...]:
+    kinds: list[type[BaseException]] = [MemoryError, ConnectionError, TimeoutError]
+    torch = sys.modules.get("torch")  # only when the step imported it: no torch error without torch
+    if torch is not None:
+        kinds += [getattr(torch, "OutOfMemoryError", None), getattr(getattr(torch, "cuda", None), "OutOfMemoryError", None),
+                  getattr(getattr(torch, "distributed", None), "DistError", None)]  # DistBackendError, DistNetworkError, DistStoreError
+    return tuple(kind for kind in kinds if isinstance(kind, type))
+
+
+def _deterministic_types() -> tuple[type[BaseException], ...]:
+    """Errors that name bad inputs even when their message mentions a timeout or memory."""
+    kinds: list[type[BaseException]] = [ValueError, KeyError, IndexError, TypeError, AttributeError, ImportError, AssertionError,
+                                        FileNotFoundError, NotImplementedError]
+    for module, name in (("rl_assets.config", "ParamsError"), ("rl_assets.train_state", "TrainStateMismatch")):
+        kind = getattr(sys.modules.get(module), name, None)
+        if isinstance(kind, type):
+            kinds.append(kind)
+    return tuple(kinds)
+
+
+def classify(error: BaseException) -> str:
+    """'transient' when a retry may succeed (device or host memory, a distributed backend, the network), else 'deterministic'.
+
+    An exception is deterministic unless it, or an exception it was raised from, is a known transient kind:
+    an error raised by the step's own code means the same inputs fail the same way again.
+    """
+    if isinstance(error, _deterministic_types()):
+        return "deterministic"
+    transient, seen = _transient_types(), set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, transient) or (type(error) is RuntimeError and TRANSIENT_MESSAGE.search(str(error))):
+            return "transient"
+        error = error.__cause__ or error.__context__
+    return "deterministic"
+
+
+def error_line(error: BaseException) -> str:
+    """`Type: message` on one line (whitespace collapsed, at most 1000 characters)."""
+    message = " ".join(str(error).split())
+    line = f"{type(error).__name__}: {message}" if message else type(error).__name__
+    return line if len(line) <= 1000 else line[:997] + "..."
+
+
+def report_failure(error: BaseException) -> int:
+    """Print the traceback and the one-line error, leave the verdict for the parent; returns the exit code."""
+    kind, line = classify(error), error_line(error)
+    traceback.print_exception(error)
+    print(f"error: {line}", file=sys.stderr, flush=True)
+    if directory := os.environ.get(ERROR_DIR_ENV):
+        rank = int(os.environ.get("RANK", "0"))
+        record = Path(directory) / f"rank{rank}.json"
+        try:
+            partial = record.with_suffix(".partial")
+            partial.write_text(json.dumps({"kind": kind, "error": line, "type": type(error).__name__, "rank": rank}))
+            partial.rename(record)
+        except OSError as problem:  # the exit code still carries the verdict
+            print(f"warning: could not write {record}: {problem}", file=sys.stderr)
+    return DETERMINISTIC_EXIT if kind == "deterministic" else TRANSIENT_EXIT
+
+
+def run(argv: list[str] | None = None) -> int:
+    from dagster_pipes import open_dagster_pipes
+
+    from rl_assets import compute
+    from rl_assets.storage import content_hash
+
     args, params = compute.parse_args(argv, prog="python -m pipelines.pipes_child")
     if compute.start_distributed(params) == 0:
-        with open_dagster_pipes() as pipes:
+        with open_dagster_pipes() as pipes:  # an exception is also reported through Pipes (the run's event log)
             metadata, output = compute.run_stage(args.stage, params, args.round, Path("."))
             pipes.report_asset_materialization(metadata=metadata, data_version=content_hash(output))
     else:
         compute.run_stage(args.stage, params, args.round, Path("."))
     compute.stop_distributed()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        return run(argv)
+    except Exception as error:  # not KeyboardInterrupt/SystemExit: a cancelled run stays cancelled
+        return report_failure(error)
 
 
 if __name__ == "__main__":

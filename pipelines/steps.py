@@ -6,12 +6,20 @@ stage is recorded in `dvc.lock` so `dvc status` agrees with what Dagster just ma
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import shutil
+import signal
 import sys
+import tempfile
+from pathlib import Path
 
-from dagster import AssetExecutionContext, ConfigurableResource, DataVersion, MaterializeResult, PipesSubprocessClient
+from dagster import AssetExecutionContext, ConfigurableResource, DataVersion, Failure, MaterializeResult, PipesSubprocessClient
+from dagster._core.errors import DagsterPipesExecutionError  # what PipesSubprocessClient raises for a non-zero exit; not exported
 
 from pipelines.dvc import record_in_dvc
+from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
 from rl_assets.config import ComputeParams, Params, load_params
 from rl_assets.storage import content_hash
 
@@ -67,12 +75,81 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
                 round_number: int | None = None) -> MaterializeResult:
     """Run one compute step in a child process; rank 0 reports metadata and the data version."""
     command = compute_command(stage, params, params.load().compute, round_number)
-    context.log.info("launching: %s", " ".join(command))
-    env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}
-    result = pipes.run(context=context, command=command, env=env).get_materialize_result()
+    result = run_child(context, pipes, command, stage).get_materialize_result()
     _log_done(context, result.metadata or {})
     record_in_dvc(context, context.asset_key.to_user_string())
     return result
+
+
+def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, command: list[str], stage: str):
+    """Launch a Pipes child; a failed child raises what `step_failure` makes of its exit code and error records.
+
+    A child that failed with an error that would recur raises `Failure(allow_retries=False)` with the child's
+    own error line: the step fails once, whatever its retry policy. A dead or killed child, or a transient
+    error in it, raises `ComputeStepCrashed`, which the step's retry policy (if any) retries.
+    """
+    context.log.info("launching: %s", " ".join(command))
+    errors = Path(tempfile.mkdtemp(prefix="rl-assets-errors-"))
+    env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", ERROR_DIR_ENV: str(errors)}
+    try:
+        return pipes.run(context=context, command=command, env=env)
+    except DagsterPipesExecutionError as error:
+        raise step_failure(stage, _returncode(error), _error_records(errors)) from None  # the child's error, not Pipes' exit-code wrapper
+    finally:
+        shutil.rmtree(errors, ignore_errors=True)
+
+
+class ComputeStepCrashed(Exception):
+    """A compute step's process died, was killed, or hit a transient error: a retry may succeed."""
+
+
+def step_failure(stage: str, returncode: int | None, records: list[dict]) -> Exception:
+    """The exception a failed compute step raises: `Failure(allow_retries=False)` when a retry cannot help."""
+    deterministic = [r for r in records if r.get("kind") == "deterministic"]
+    metadata = {"stage": stage, "exit_code": returncode if returncode is not None else "unknown"}
+    if deterministic:
+        first = min(deterministic, key=lambda r: r.get("rank", 0))
+        where = f" (rank {first['rank']})" if first.get("rank") else ""
+        return Failure(description=f"{first['error']}{where}", metadata={**metadata, "retried": False}, allow_retries=False)
+    if returncode in (DETERMINISTIC_EXIT, 2):  # 2: argparse rejected the command line
+        return Failure(description=f"the {stage} step failed with an error that would recur (exit code {returncode}); its log has the traceback",
+                       metadata={**metadata, "retried": False}, allow_retries=False)
+    if records:
+        return ComputeStepCrashed(f"{records[0]['error']} (a transient error in the {stage} step)")
+    return ComputeStepCrashed(f"the {stage} step's process {_exit_reason(returncode)}")
+
+
+def _exit_reason(returncode: int | None) -> str:
+    number = -returncode if returncode is not None and returncode < 0 else returncode - 128 if returncode and returncode > 128 else None
+    try:
+        name = signal.Signals(number).name if number else None
+    except ValueError:
+        name = None
+    if name == "SIGKILL":
+        return f"was killed by SIGKILL (exit {returncode}): out of memory (the kernel's OOM killer) or the node was reclaimed"
+    if name == "SIGTERM":
+        return f"was terminated by SIGTERM (exit {returncode}): preempted or stopped"
+    if name:
+        return f"was killed by {name} (exit {returncode})"
+    if returncode is None:
+        return "failed"
+    return f"exited with code {returncode} without reporting an error (a crash outside Python, or a launcher's worker died)"
+
+
+def _returncode(error: DagsterPipesExecutionError) -> int | None:
+    found = re.search(r"failed with code (-?\d+)", str(error))
+    return int(found.group(1)) if found else None
+
+
+def _error_records(directory: Path) -> list[dict]:
+    """What each rank of the child reported about its exception (pipes_child.report_failure)."""
+    records = []
+    for path in sorted(directory.glob("rank*.json")):
+        try:
+            records.append(json.loads(path.read_text()))
+        except (OSError, ValueError):
+            continue
+    return records
 
 
 def _log_done(context: AssetExecutionContext, metadata: dict) -> None:

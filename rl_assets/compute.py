@@ -17,6 +17,7 @@ import os
 import shutil
 import sys
 import time
+import warnings
 from pathlib import Path
 
 import pyarrow as pa
@@ -203,8 +204,26 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
     }
 
 
+def quiet_step() -> None:
+    """A step's output is for people: no notices about libraries' own calls, progress bars only on a terminal.
+
+    PEFT and TRL's DPOTrainer read `is_gradient_checkpointing`, which transformers 5.24 deprecates with a
+    FutureWarning on every call (our own code uses the new names). Hugging Face's own progress bars (loading and saving
+    weights, dataset maps) print a line per redraw into a log: off unless stderr is a terminal, or
+    HF_HUB_DISABLE_PROGRESS_BARS=0 / HF_DATASETS_DISABLE_PROGRESS_BARS=0 ask for them. Our bars and the
+    trainers' follow sys.stderr.isatty() too.
+    """
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    if not sys.stderr.isatty():
+        for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):  # read when those libraries load
+            os.environ.setdefault(name, "1")
+        if "transformers.utils.logging" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+            sys.modules["transformers.utils.logging"].disable_progress_bar()  # already loaded: too late for the variable
+
+
 def run_stage(stage: str, params: Params, round_number: int | None, root: Path) -> tuple[dict, Path]:
     """Run one compute step in this process; returns (metadata, output path)."""
+    quiet_step()
     device = _device(params)
     if stage == "sft":
         return run_sft(params, root, device), output_path(checkpoint_key(0), root)

@@ -48,6 +48,15 @@ class TinyModelParams(Section):
     num_heads: int = Field(4, ge=1, description="Attention heads of the embedded model.")
     intermediate_size: int = Field(512, ge=8, description="MLP width of the embedded model.")
 
+    @model_validator(mode="after")
+    def _check_heads(self):  # what LlamaConfig would reject inside the first compute step
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size}")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ValueError(f"hidden_size/num_heads={self.hidden_size}/{self.num_heads}={self.hidden_size // self.num_heads} (the head size) "
+                             "must be even: rotary position embeddings rotate pairs of dimensions")
+        return self
+
 
 class ModelParams(Section):
     name_or_path: str = Field("tiny", min_length=1, description="'tiny' (embedded, built locally), a local HF folder or a hub id.")

@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-from rl_assets.config import LoraParams, ModelParams
+from rl_assets.config import LoraParams, ModelParams, ParamsError
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
 TINY_CHARACTERS = string.digits + string.ascii_letters + " +-*/=().,:;?!#%$&'\"<>[]{}\\^_|~@\n"
@@ -47,6 +47,41 @@ def build_tiny_model(params: ModelParams, tokenizer: PreTrainedTokenizerFast, se
     )
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
+
+
+def check_model(params: ModelParams, source: str = "params.yaml", key: str = "model") -> None:
+    """Before a run: a local model folder's vocabulary covers its tokenizer (`ParamsError` naming `key.name_or_path`).
+
+    A tokenizer with more tokens than config.json's vocab_size yields ids past the embedding matrix,
+    which fails (or, on a GPU, corrupts memory) inside the first compute step. Only the config and
+    the tokenizer are read, no weights. Hub ids (not local folders) are not checked: that needs the network.
+    """
+    import json
+
+    folder = Path(params.name_or_path)
+    where = f"{source}: {key}.name_or_path: {params.name_or_path}"
+    if params.name_or_path == "tiny":
+        return
+    if not folder.is_dir():
+        if params.name_or_path.startswith(("/", "./", "../")):  # a path, not a hub id
+            raise ParamsError(f"{where}: folder not found")
+        return
+    if not (folder / "config.json").is_file():
+        return  # not a full model folder; loading it reports what is missing
+    try:
+        config = json.loads((folder / "config.json").read_text())
+    except ValueError as error:
+        raise ParamsError(f"{where}: config.json is not valid JSON ({error})") from None
+    vocab_size = config.get("vocab_size", (config.get("text_config") or {}).get("vocab_size"))
+    if not isinstance(vocab_size, int):
+        return
+    try:
+        tokens = len(AutoTokenizer.from_pretrained(folder))
+    except Exception as error:  # noqa: BLE001 - the run would stop on the same error, later
+        raise ParamsError(f"{where}: its tokenizer does not load: {type(error).__name__}: {error}") from None
+    if tokens > vocab_size:
+        raise ParamsError(f"{where}: config.json vocab_size={vocab_size} is smaller than the tokenizer's {tokens} tokens: token ids "
+                          f"from {vocab_size} up would index past the embeddings; use the model's own tokenizer or resize its embeddings")
 
 
 def load_tokenizer(params: ModelParams):

@@ -9,6 +9,7 @@ keeps each prompt's top-k completions above `min_reward` and trains with TRL's S
 from __future__ import annotations
 
 import copy
+import sys
 import tempfile
 from collections import defaultdict
 
@@ -17,6 +18,7 @@ import torch
 
 from rl_assets.config import TrainParams
 from rl_assets.precision import trainer_precision
+from rl_assets.sft import checkpointing_arg
 from rl_assets.train import join_rewards
 
 
@@ -66,8 +68,9 @@ def _common(params: TrainParams, output_dir: str, seed: int, use_cpu: bool, batc
                 gradient_accumulation_steps=params.gradient_accumulation_steps, learning_rate=params.learning_rate,
                 lr_scheduler_type=params.lr_scheduler, warmup_steps=params.warmup_ratio,  # < 1: a ratio
                 weight_decay=params.weight_decay,
-                max_grad_norm=params.max_grad_norm, gradient_checkpointing=params.gradient_checkpointing, seed=seed, data_seed=seed,
-                logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0, **trainer_precision(params.mixed_precision, use_cpu))
+                max_grad_norm=params.max_grad_norm, **checkpointing_arg(params.gradient_checkpointing), seed=seed, data_seed=seed,
+                logging_steps=1, save_strategy="no", report_to=[], dataloader_num_workers=0, disable_tqdm=not sys.stderr.isatty(),
+                **trainer_precision(params.mixed_precision, use_cpu))
 
 
 def dpo_config(params: TrainParams, output_dir: str, seed: int, use_cpu: bool):

@@ -29,13 +29,13 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rl_assets.config import ColumnsParams, RawDataParams, SourceParams
+from rl_assets.config import ColumnsParams, Params, ParamsError, RawDataParams, SourceParams
 from rl_assets.raw_files import BadRow, RawDataError, Records, read_csv, read_hf_dataset, read_jsonl, read_parquet, where
 from rl_assets.raw_generators import evaluate_expression, generate_problems, module_file, run_user_generator
 from rl_assets.schemas import RAW_DATA
 from rl_assets.storage import content_hash
 
-__all__ = ["RawDataError", "evaluate_expression", "generate_problems", "labelled_location", "load_raw_data", "read_source", "source_inputs", "source_label"]
+__all__ = ["RawDataError", "check_run_inputs", "check_sources", "evaluate_expression", "generate_problems", "labelled_location", "load_raw_data", "read_source", "source_inputs", "source_label"]
 
 
 def source_label(source: SourceParams) -> str:
@@ -83,6 +83,47 @@ def source_inputs(params: RawDataParams, root: Path = Path(".")) -> list[str]:
         except ValueError:
             continue  # outside the project: hashed into every row, but not a DVC dep
     return sorted(inputs)
+
+
+def check_sources(params: Params, source: str = "params.yaml", root: Path = Path("."), sections=("raw_data", "reward_model")) -> None:
+    """Every data source exists: raw_data.sources files, folders and generator modules, and reward_model.preference_data.
+
+    Raises one `ParamsError` listing each missing one as `params.yaml: raw_data.sources[1].path: file not found: data/raw/x.jsonl`.
+    """
+    missing = []
+    for index, item in enumerate(params.raw_data.sources if "raw_data" in sections else []):
+        key = f"{source}: raw_data.sources[{index}]"
+        if item.kind == "python":
+            module = item.function.partition(":")[0]
+            if module_file(module, root) is None:
+                missing.append(f"{key}.function: module {module!r} not found in the project or on sys.path")
+            continue
+        path = root / item.path
+        if item.kind == "hf_dataset" and not path.is_dir():
+            missing.append(f"{key}.path: " + (f"not a folder (a save_to_disk folder is expected): {item.path}" if path.exists() else f"folder not found: {item.path}"))
+        elif item.kind != "hf_dataset" and not path.is_file():
+            missing.append(f"{key}.path: " + (f"not a file: {item.path}" if path.exists() else f"file not found: {item.path}"))
+    if "reward_model" in sections and params.reward_model is not None and not (root / params.reward_model.preference_data).is_file():
+        missing.append(f"{source}: reward_model.preference_data: file not found: {params.reward_model.preference_data}")
+    if missing:
+        raise ParamsError("\n".join(missing))
+
+
+def check_run_inputs(params: Params, source: str = "params.yaml", keys: list[str] | None = None, root: Path = Path(".")) -> None:
+    """Before a run of `keys` (None: the whole graph): the inputs those assets read exist and the models fit their tokenizers.
+
+    `check_sources` for raw_data and reward_model, `rl_assets.models.check_model` for a local model folder
+    (prompts and r00/checkpoint read the policy's, reward_model its base's); a `ParamsError` says what is wrong.
+    """
+    wanted = lambda *names: keys is None or any(name in keys for name in names)  # noqa: E731
+    check_sources(params, source, root, [section for section in ("raw_data", "reward_model") if wanted(section)])
+    models = ([("model", params.model)] if wanted("prompts", "r00/checkpoint") else []) + (
+        [("reward_model", params.reward_model)] if params.reward_model is not None and wanted("reward_model") else [])
+    if any(model.name_or_path != "tiny" for _, model in models):  # rl_assets.models imports torch and transformers
+        from rl_assets.models import check_model
+
+        for key, model in models:
+            check_model(model, source, key)
 
 
 def _records(source: SourceParams, root: Path, seed: int) -> Records:

@@ -8,6 +8,7 @@ that `AutoModelForSequenceClassification` loads, and that the `reward_model` rew
 from __future__ import annotations
 
 import json
+import sys
 import tempfile
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def reward_config(params: RewardModelParams, output_dir: str, seed: int, use_cpu
     from trl import RewardConfig
 
     from rl_assets.precision import trainer_precision
+    from rl_assets.sft import checkpointing_arg
 
     return RewardConfig(
         output_dir=output_dir,
@@ -71,6 +73,8 @@ def reward_config(params: RewardModelParams, output_dir: str, seed: int, use_cpu
         save_strategy="no",
         report_to=[],
         dataloader_num_workers=0,
+        **checkpointing_arg(True),  # TRL's default for reward models, under the name that does not warn
+        disable_tqdm=not sys.stderr.isatty(),  # a progress bar on a terminal, not a line per redraw in a log
     )
 
 

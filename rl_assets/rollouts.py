@@ -88,7 +88,7 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
     out = Completions([], [], [], [])
     batches = range(0, len(expanded), batch_size)
     with _plain_generation_defaults(model), autocast or contextlib.nullcontext():
-        for start in tqdm(batches, desc="generate", disable=not progress, leave=False):
+        for start in tqdm(batches, desc="generate", disable=None if progress else True, leave=False):  # None: only on a terminal
             chunk = expanded[start : start + batch_size]
             width = max(map(len, chunk))
             input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids)) + ids for ids in chunk])  # generation pads on the left

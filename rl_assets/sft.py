@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 import tempfile
 
 import pyarrow as pa
@@ -9,6 +10,20 @@ import pyarrow as pa
 from rl_assets.config import SFTParams
 from rl_assets.precision import trainer_precision
 from rl_assets.prompts import encode_prompts
+
+
+def checkpointing_arg(enabled: bool) -> dict:
+    """The trainer argument that turns activation checkpointing on or off, under the installed transformers' name.
+
+    transformers renamed `gradient_checkpointing` to `activation_checkpointing` (the old name warns, and
+    TRL's configs set it by default); older versions know only the old name.
+    """
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    renamed = any(field.name == "activation_checkpointing" for field in fields(TrainingArguments))
+    return {"activation_checkpointing" if renamed else "gradient_checkpointing": enabled}
 
 
 def sft_config(params: SFTParams, output_dir: str, seed: int, use_cpu: bool):
@@ -25,12 +40,12 @@ def sft_config(params: SFTParams, output_dir: str, seed: int, use_cpu: bool):
         weight_decay=0.0,
         seed=seed,
         data_seed=seed,
-        gradient_checkpointing=False,  # TRL turns it on by default: ~20% slower, and a warm start needs no memory saving
+        **checkpointing_arg(False),  # TRL turns it on by default: ~20% slower, and a warm start needs no memory saving
         **trainer_precision("auto", use_cpu),  # TRL's bf16 default fails on CPU: fp32 there, bf16/fp16 on GPUs
         logging_steps=max(1, params.max_steps // 10),
         save_strategy="no",
         report_to=[],
-        disable_tqdm=False,
+        disable_tqdm=not sys.stderr.isatty(),  # a progress bar on a terminal, not a line per redraw in a log
         dataloader_num_workers=0,
         completion_only_loss=True,
     )

@@ -112,7 +112,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
 
     if params.gradient_checkpointing:
         model.config.use_cache = False
-        model.gradient_checkpointing_enable()
+        getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()  # the new name, where it exists
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=params.learning_rate, weight_decay=params.weight_decay)
     model, optimizer = accelerator.prepare(model, optimizer)
     if optimizer_state is not None:  # loaded into the wrapped model: FSDP shards the whole state it is given
@@ -138,7 +138,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
 
     model.train()
     started, step = time.perf_counter(), 0
-    bar = tqdm(total=total_steps, initial=start_step, desc="train", disable=not progress or rank != 0, leave=False)
+    bar = tqdm(total=total_steps, initial=start_step, desc="train", disable=None if progress and rank == 0 else True, leave=False)  # None: only on a terminal
     for epoch in range(params.epochs):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))  # a function of (seed, epoch): resumable
         for index in range(steps_per_epoch):
@@ -203,7 +203,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     model = accelerator.unwrap_model(model)
     model.eval()
     if params.gradient_checkpointing:
-        model.gradient_checkpointing_disable()
+        getattr(model, "activation_checkpointing_disable", model.gradient_checkpointing_disable)()
 
     total = _reduce(accelerator, sums)
     result = {key: total[key] for key in TOKEN_METRICS}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import math
+import warnings
 
 import pyarrow as pa
 import pytest
@@ -243,8 +244,10 @@ def test_reference_kl_is_zero_against_itself_and_the_exact_kl_otherwise(rollouts
 
 def test_gradient_checkpointing_gives_the_same_update(rollouts):
     plain, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0])
-    checkpointed, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0], TRAIN.model_copy(update={"gradient_checkpointing": True}))
-    assert not checkpointed.is_gradient_checkpointing  # switched off again for sampling and saving
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)  # the current names: no "`gradient_checkpointing_enable` is deprecated"
+        checkpointed, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0], TRAIN.model_copy(update={"gradient_checkpointing": True}))
+        assert not checkpointed.is_activation_checkpointing  # switched off again for sampling and saving
     first, second = plain.state_dict(), checkpointed.state_dict()
     assert all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
 
