@@ -105,9 +105,8 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
     trained_on = {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}
     world = dist.get_world_size() if dist.is_initialized() else 1
     train = params.train
-    model, tokenizer = load_trainable_policy(parent, train.lora, output_path(checkpoint_key(0), root), device)
-    if _precision(params, device) == "pure_bf16":
-        model.to(torch.bfloat16)
+    model, tokenizer = load_trainable_policy(parent, train.lora, output_path(checkpoint_key(0), root), device,
+                                             dtype=weights_dtype(_precision(params, device)))
     seed = params.seed * 1000 + round_number
     ref_model = optimizer_state = None
     if train.algorithm in ("dpo", "rft"):
@@ -175,9 +174,9 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
 
     held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
     report, examples = [], []
+    mode = _precision(params, device)
     for round_number in range(params.rounds + 1):
         path = output_path(checkpoint_key(round_number), root)
-        mode = _precision(params, device)
         model, tokenizer = load_policy(path, device, dtype=weights_dtype(mode))
         for row in evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
                                        autocast=compute_autocast(mode, device)):

@@ -146,15 +146,15 @@ def adapter_base(path: str | Path, base_path: str | Path | None = None) -> str:
                      f"at {recorded['path']}, but {now}. Retrain the adapters on the new base, or restore the old one.")
 
 
-def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | Path, device: str = "cpu"):
+def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
     """(model, tokenizer) to train from checkpoint `path`: all weights, or LoRA adapters through PEFT.
 
     With LoRA, a parent saved as adapters (lora.merge off) keeps training the same adapters on the
     base they were trained on (r00 at `base_path`, checked by checkpoint id: `adapter_base`); a
-    parent with full weights (r00, or merged) gets fresh adapters.
+    parent with full weights (r00, or merged) gets fresh adapters. `dtype`: fp32 master weights unless pure bf16.
     """
     if not lora.enabled:
-        return load_policy(path, device)
+        return load_policy(path, device, dtype)
     from peft import LoraConfig, PeftModel, get_peft_model
 
     tokenizer = AutoTokenizer.from_pretrained(path)
@@ -168,7 +168,7 @@ def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | P
                 "device_map": {"": device}}
     adapters = (Path(path) / "adapter_config.json").is_file()
     base_folder = adapter_base(path, base_path) if adapters else str(Path(path).resolve())  # absolute, id checked
-    base = AutoModelForCausalLM.from_pretrained(base_folder, **{"dtype": torch.float32, **load})  # fp32 master weights (precision.py)
+    base = AutoModelForCausalLM.from_pretrained(base_folder, **{"dtype": dtype, **load})
     if lora.load_in_4bit:
         from peft import prepare_model_for_kbit_training
 

@@ -84,6 +84,7 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
     encoded = encode_prompts(tokenizer, prompts)
     expanded = [ids for ids in encoded for _ in range(samples_per_prompt)]
     eos = eos_token_ids(model, tokenizer)
+    ends = set(eos)
     config = sampling_config(eos, tokenizer.pad_token_id, greedy=greedy, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
     out = Completions([], [], [], [])
     batches = range(0, len(expanded), batch_size)
@@ -96,7 +97,7 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
             with torch.no_grad():
                 sequences = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config)
             for ids, row in zip(chunk, sequences[:, width:].tolist()):
-                completion, truncated = cut_at_eos(row, set(eos))
+                completion, truncated = cut_at_eos(row, ends)
                 out.prompt_ids.append(list(ids))
                 out.completion_ids.append(completion)
                 out.texts.append(tokenizer.decode(completion, skip_special_tokens=True))
@@ -196,7 +197,7 @@ def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids:
                 input_ids, attention, _ = _right_padded([prompt_ids[r] for r in chunk], [completion_ids[r] for r in chunk], pad_id, device)
                 logp = [torch.log_softmax(m(input_ids=input_ids, attention_mask=attention, logits_to_keep=span + 1).logits[:, :-1].float()
                                           / temperature, dim=-1) for m in (model, ref_model)]
-                per_position = (logp[0].exp() * (logp[0] - logp[1].to(device))).sum(dim=-1)  # (n, span)
+                per_position = (logp[0].exp() * (logp[0] - logp[1])).sum(dim=-1)  # (n, span)
                 mask = torch.tensor([[1.0] * len(completion_ids[r]) + [0.0] * (span - len(completion_ids[r])) for r in chunk], device=device)
                 total += (per_position * mask).sum().item()
                 tokens += mask.sum().item()

@@ -11,6 +11,7 @@ the update matches one process on the same global batch. The full state is saved
 from __future__ import annotations
 
 import contextlib
+import itertools
 import json
 import shutil
 import time
@@ -48,13 +49,8 @@ def table_group_size(rollouts: pa.Table, configured: int) -> int:
     would silently mix prompts into groups.
     """
     prompt_ids = rollouts["prompt_id"].to_pylist()
-    runs: list[list] = []
-    for pid in prompt_ids:
-        if runs and runs[-1][0] == pid:
-            runs[-1][1] += 1
-        else:
-            runs.append([pid, 1])
-    sizes = {count for _, count in runs}
+    runs = [len(list(group)) for _, group in itertools.groupby(prompt_ids)]  # consecutive rows of one prompt
+    sizes = set(runs)
     if len(runs) != len(set(prompt_ids)) or len(sizes) != 1:
         raise ValueError(f"rollouts table: every prompt needs the same number of consecutive samples; found group sizes {sorted(sizes)}")
     (size,) = sizes

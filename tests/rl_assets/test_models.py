@@ -79,3 +79,14 @@ def test_pick_device_keeps_an_explicit_choice(requested):
 
 def test_pick_device_auto():
     assert pick_device("auto") == ("cuda" if torch.cuda.is_available() else "cpu")
+
+
+def test_trainable_policy_loads_fp32_master_weights_unless_pure_bf16_asks_for_bf16(tmp_path):
+    from rl_assets.checkpoints import save_checkpoint
+    from rl_assets.config import LoraParams
+    from rl_assets.models import load_trainable_policy
+
+    path = tmp_path / "ckpt"
+    save_checkpoint(new_tiny_model(0).to(torch.bfloat16), build_tiny_tokenizer(), path, {"round": 0})  # a bf16 checkpoint, as hub models ship
+    assert {p.dtype for p in load_trainable_policy(path, LoraParams(), path)[0].parameters()} == {torch.float32}
+    assert {p.dtype for p in load_trainable_policy(path, LoraParams(), path, dtype=torch.bfloat16)[0].parameters()} == {torch.bfloat16}

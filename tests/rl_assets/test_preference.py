@@ -99,7 +99,6 @@ def test_dpo_with_lora_takes_the_parent_with_its_trained_adapters_as_the_referen
     The parent is r00 + adapters trained in earlier rounds; a reference with the adapters disabled
     (the r00 base) would start elsewhere, which the gap check below makes sure of.
     """
-    pytest.importorskip("peft")
     from rl_assets.checkpoints import read_lineage, save_checkpoint
     from rl_assets.config import LoraParams
     from rl_assets.models import load_trainable_policy

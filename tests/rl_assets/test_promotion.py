@@ -110,7 +110,6 @@ def test_r00_starts_from_the_promoted_model_when_asked(tmp_path, monkeypatch):
 
 
 def test_an_adapter_candidate_is_promoted_as_merged_weights_that_load_without_peft_or_r00(tmp_path, monkeypatch):
-    pytest.importorskip("peft")
     import shutil
     import sys
 

@@ -241,12 +241,18 @@ def test_greedy_completion_stops_at_any_end_id(folders, arch, which):
     assert out.truncated == [False] * len(PROBLEMS) and out.texts == [""] * len(PROBLEMS)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "llama"])
-def test_sampled_completions_end_at_the_first_end_id(folders, arch):
+def digits_or_either_end(folders, arch):
+    """(model, tokenizer, first end id, second end id): a policy that says 1, 2 or 3 or either end id, equally likely."""
     model, tokenizer = policy(folders, arch)
     first, second = ends(arch, tokenizer)
     digits = [tokenizer.convert_tokens_to_ids(d) for d in "123"]
     force_logits(model, {**{d: 8.0 for d in digits}, first: 8.0, second: 8.0})
+    return model, tokenizer, first, second
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "llama"])
+def test_sampled_completions_end_at_the_first_end_id(folders, arch):
+    model, tokenizer, first, second = digits_or_either_end(folders, arch)
     out = generate(model, tokenizer, rendered(tokenizer, True)[:2], 16, greedy=False, max_new_tokens=6, seed=0)
     assert_cut_at_first_end(out, [first, second], 6)
     last = Counter(ids[-1] for ids in out.completion_ids)
@@ -256,10 +262,7 @@ def test_sampled_completions_end_at_the_first_end_id(folders, arch):
 @pytest.mark.parametrize("arch", ["qwen2", "llama"])
 def test_rollouts_table_on_a_chat_model(folders, arch):
     """The stored table: one BOS, completions cut at the first end id of either kind, one log-prob per completion token."""
-    model, tokenizer = policy(folders, arch)
-    first, second = ends(arch, tokenizer)
-    digits = [tokenizer.convert_tokens_to_ids(d) for d in "123"]
-    force_logits(model, {**{d: 8.0 for d in digits}, first: 8.0, second: 8.0})
+    model, tokenizer, first, second = digits_or_either_end(folders, arch)
     problems = [(render(p, PromptsParams(chat_template=True), tokenizer), "1") for p in PROBLEMS]
     params = RolloutsParams(prompts_per_round=4, samples_per_prompt=8, max_new_tokens=5, batch_size=16, engine="transformers")
     table = sample_rollouts(model, tokenizer, prompts_table(problems), params, round_number=1, seed=0, policy_id="p",
