@@ -9,7 +9,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run test ui repro dvc-sync bench tensorboard browser clean
+.PHONY: setup run test ui repro dvc-sync bench tensorboard browser sandbox serve clean
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -34,7 +34,7 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 run: setup
 	$(PY) -m pipelines run
 
-test: setup browser
+test: setup browser sandbox
 	$(PY) -m pytest -q
 
 # The browser test drives Debian's chromium: installed here when we are root with apt, else that test skips.
@@ -44,8 +44,20 @@ browser:
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null; } || \
 	  echo "chromium not installed (needs root and apt): the browser test will skip"
 
+# code_execution runs programs under bubblewrap with the system's python3 (prlimit, setpriv: util-linux); without them it refuses to run.
+sandbox:
+	@{ command -v bwrap >/dev/null 2>&1 && { [ -x /usr/bin/python3 ] || [ -x /usr/local/bin/python3 ]; }; } || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap python3-minimal >/dev/null; } || \
+	  echo "bubblewrap not installed (needs root and apt, or your package manager): the code_execution tests will fail"
+
 ui: setup
 	$(VENV)/bin/dagster dev -h $(HOST) -p $(PORT) -w workspace.yaml
+
+# /health, /metrics and OpenAI-compatible completions of the promoted model (rl_assets/serve.py): make serve HOST=0.0.0.0
+SERVE_PORT ?= 8000
+serve: setup
+	$(VENV)/bin/rl-assets serve --host $(HOST) --port $(SERVE_PORT)
 
 # Per-step training curves (each checkpoint card's history) and curves by round, rebuilt from what the run recorded.
 tensorboard: setup
@@ -63,6 +75,8 @@ bench: setup
 	$(PY) bench/orchestration_overhead.py
 	$(PY) bench/vs_trl.py
 	$(PY) bench/memory.py
+	$(PY) bench/code_execution.py
+	$(PY) bench/serve_throughput.py
 
 clean:
 	rm -rf data/raw_data.parquet data/prompts.parquet data/r[0-9]* data/evaluation* $(DAGSTER_HOME)

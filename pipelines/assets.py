@@ -6,20 +6,30 @@ inputs each stage depends on.
 """
 
 
+from typing import Iterator
+
 from collections import Counter
+from pathlib import Path
 
 from dagster import AssetExecutionContext, AssetKey, Backoff, MaterializeResult, MetadataValue, PipesSubprocessClient, RetryPolicy, asset
 
+from pipelines.checks import guard_specs
 from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute
 from rl_assets.paths import checkpoint_key, output_path
 
 def compute_tags() -> dict:
     """Op tags of a compute step: its GPU need, which dagster-k8s turns into an nvidia.com/gpu request."""
-    gpus = load_project_params().compute.gpus_per_step
-    tags = {"rl_assets/compute": "true", "rl_assets/gpus": str(gpus)}
+    compute = load_project_params().compute
+    gpus = compute.gpus_per_step
+    tags, container = {"rl_assets/compute": "true", "rl_assets/gpus": str(gpus)}, {}
     if gpus:
         limits = {"nvidia.com/gpu": str(gpus)}
-        tags["dagster-k8s/config"] = {"container_config": {"resources": {"requests": limits, "limits": limits}}}
+        container["resources"] = {"requests": limits, "limits": limits}
+    if compute.executor == "k8s":  # the kubelet restarts a step whose heartbeat stops moving (rl_assets/heartbeat.py)
+        container["liveness_probe"] = {"exec": {"command": ["python", "-m", "rl_assets.heartbeat", "--this-host"]},
+                                       "period_seconds": 60, "failure_threshold": 3, "timeout_seconds": 30}
+    if container:
+        tags["dagster-k8s/config"] = {"container_config": container}
     return tags
 
 
@@ -29,19 +39,30 @@ COMPUTE_TAGS = compute_tags()
 TRAINING_RETRY = RetryPolicy(max_retries=2, delay=30, backoff=Backoff.EXPONENTIAL)
 
 
-def base_checkpoint_dvc_meta() -> dict:
+def base_checkpoint_tracking() -> dict:
     """r00 starts from the promoted model when promotion.warm_start says so: then DVC tracks that choice and the model."""
     promotion = load_project_params().promotion
     if promotion.warm_start == "promoted":
-        return dvc_meta(["seed", "model", "sft", "promotion.warm_start"], ["rl_assets/models.py", "rl_assets/sft.py"], [f"{promotion.directory}/promoted"])
-    return dvc_meta(["seed", "model", "sft"], ["rl_assets/models.py", "rl_assets/sft.py"])
+        return stage_tracking("sft", ["seed", "model", "sft", "promotion.warm_start"], [f"{promotion.directory}/promoted"])
+    return stage_tracking("sft", ["seed", "model", "sft"])
 
 
-def dvc_meta(params: list[str], code: list[str], inputs: list[str] | None = None) -> dict:
-    meta = {"rl_assets/params": params, "rl_assets/code": code}
+def stage_tracking(stage: str, params_sections: list[str], inputs: list[str] | None = None) -> dict:
+    """The `metadata` and `code_version` of a stage's asset: what dvc-sync writes and what the UI compares.
+
+    The metadata name the params sections, code files (rl_assets.stage_code: the project modules the stage
+    imports and the user's own, e.g. reward modules) and raw inputs that are the stage's DVC deps. The code
+    version hashes that code's content and the sections' effective values, so the UI shows the asset stale
+    exactly when `dvc status` shows its stage changed.
+    """
+    from rl_assets.stage_code import stage_code, stage_version
+
+    params = load_project_params()
+    code = [path for path in stage_code(stage, params) if not Path(path).is_absolute()]  # DVC deps live in the project
+    metadata = {"rl_assets/params": params_sections, "rl_assets/code": code}
     if inputs:
-        meta["rl_assets/inputs"] = inputs
-    return meta
+        metadata["rl_assets/inputs"] = inputs
+    return {"metadata": metadata, "code_version": stage_version(stage, params, params_sections)}
 
 
 def raw_inputs() -> list[str]:
@@ -55,9 +76,10 @@ def raw_inputs() -> list[str]:
     group_name="data",
     kinds={"parquet"},
     description="Every configured source (JSONL/CSV/Parquet/datasets files, seeded generators) merged into one table with source and hash per row.",
-    metadata=dvc_meta(["seed", "raw_data"], ["rl_assets/raw_data.py", "rl_assets/raw_files.py", "rl_assets/raw_generators.py"], raw_inputs()),
+    **stage_tracking("raw_data", ["seed", "raw_data"], raw_inputs()),
+    check_specs=guard_specs("raw_data"),
 )
-def raw_data(context: AssetExecutionContext, params: ParamsResource) -> MaterializeResult:
+def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
     from rl_assets.raw_data import load_raw_data
     from rl_assets.schemas import RAW_DATA, write_table
 
@@ -66,7 +88,7 @@ def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Material
     path = write_table(table, output_path("raw_data"), RAW_DATA, "raw_data")
     counts = Counter(table["source"].to_pylist())
     sample = "\n".join(f"- `{message}`" for message in dropped[:10]) or "none"
-    return materialized(context, path, {"rows": table.num_rows, "rows_per_source": dict(counts), "dropped_bad_rows": len(dropped),
+    yield from materialized(context, params, path, {"rows": table.num_rows, "rows_per_source": dict(counts), "dropped_bad_rows": len(dropped),
                                         "dropped_bad_rows_sample": MetadataValue.md(sample)})
 
 
@@ -75,9 +97,10 @@ def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Material
     group_name="data",
     kinds={"parquet"},
     description="Deduplicated prompts with a stable hash-based sft/rl/eval split and a token-length filter.",
-    metadata=dvc_meta(["prompts", "model.name_or_path"], ["rl_assets/prompts.py"]),
+    **stage_tracking("prompts", ["prompts", "model.name_or_path"]),
+    check_specs=guard_specs("prompts"),
 )
-def prompts(context: AssetExecutionContext, params: ParamsResource) -> MaterializeResult:
+def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
     from rl_assets.models import load_tokenizer
     from rl_assets.prompts import build_prompts
     from rl_assets.schemas import PROMPTS, read_table, write_table
@@ -86,7 +109,7 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Materiali
     table, dropped = build_prompts(read_table(output_path("raw_data"), "raw_data"), p.prompts, load_tokenizer(p.model))
     path = write_table(table, output_path("prompts"), PROMPTS, "prompts")
     splits = Counter(table["split"].to_pylist())
-    return materialized(context, path, {"rows": table.num_rows, **{f"split_{s}": splits[s] for s in ("sft", "rl", "eval")},
+    yield from materialized(context, params, path, {"rows": table.num_rows, **{f"split_{s}": splits[s] for s in ("sft", "rl", "eval")},
                                         "dropped_duplicates": dropped["duplicates"], "dropped_too_long": dropped["too_long"]})
 
 
@@ -99,10 +122,11 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Materiali
     op_tags=COMPUTE_TAGS,
     retry_policy=TRAINING_RETRY,
     description="The base policy (embedded tiny model or any HF causal LM), warm-started with TRL's SFTTrainer.",
-    metadata=base_checkpoint_dvc_meta(),
+    **base_checkpoint_tracking(),
+    check_specs=guard_specs(checkpoint_key(0)),
 )
-def base_checkpoint(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
-    return run_compute(context, pipes, params, "sft")
+def base_checkpoint(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
+    yield from run_compute(context, pipes, params, "sft")
 
 
 def evaluation_asset(rounds: int):
@@ -116,9 +140,10 @@ def evaluation_asset(rounds: int):
         pool="gpu",
         op_tags=COMPUTE_TAGS,
         description="Greedy and sampled accuracy of every checkpoint on held-out prompts, with a per-round plot.",
-        metadata=dvc_meta(["seed", "rounds", "evaluation"], ["rl_assets/evaluation.py"]),
+        **stage_tracking("evaluation", ["seed", "rounds", "evaluation", "rewards"]),
+        check_specs=guard_specs("evaluation"),
     )
-    def evaluation(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
-        return run_compute(context, pipes, params, "evaluation")
+    def evaluation(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
+        yield from run_compute(context, pipes, params, "evaluation")
 
     return evaluation

@@ -1,6 +1,6 @@
 """Run the graph through Dagster from the command line (what `make run` and DVC stages call).
 
-    python -m pipelines run [--set section.key=value ...]   every asset, one Dagster run
+    python -m pipelines run [--all] [--set section.key=value ...]   what is missing or stale (--all: every asset), one Dagster run
     python -m pipelines materialize r01/rollouts            one asset (each DVC stage's command)
     python -m pipelines dvc-sync [--check]                  write (or check) dvc.yaml from the graph
     python -m pipelines status                              JSON health summary; exit 1 when the latest run failed
@@ -8,6 +8,7 @@
 
 import argparse
 import contextlib
+import functools
 import logging
 import os
 import sys
@@ -30,17 +31,40 @@ def rl_pipeline_job():
     return defs.resolve_job_def("rl_pipeline")
 
 
-def execute(selection: list[str] | None) -> tuple[bool, list[str]]:
-    """Execute the job (or a selection of its assets) on the project instance: (success, what a failed run reports)."""
+def execute(command: str, selection: list[str] | None, everything: bool = False) -> tuple[bool, list[str]]:
+    """Execute the job, or a selection of its assets, on the project instance: (success, what a failed run reports).
+
+    `run` materializes only the assets that are not up to date (pipelines/outdated.py), every asset with
+    `everything`; `materialize` the keys it names. Either holds the project's writer lock (pipelines/writer.py).
+    """
     from dagster import AssetKey, DagsterInstance, execute_job, reconstructable
 
-    with DagsterInstance.get() as instance:
+    from pipelines.outdated import outdated_assets
+    from pipelines.steps import ParamsResource, run_tags
+    from pipelines.writer import cli_tags, exclusive_writer
+
+    say = functools.partial(print, file=sys.stderr)
+    with DagsterInstance.get() as instance, exclusive_writer(instance, command, log=say):
         keys = [AssetKey.from_user_string(k) for k in selection] if selection else None
+        if command == "run" and not everything:
+            from pipelines.definitions import PARAMS, defs
+
+            graph = defs.resolve_asset_graph()
+            reasons = outdated_assets(instance, graph, models=Path(PARAMS.promotion.directory))
+            total = sum(1 for key in graph.toposorted_asset_keys if graph.get(key).is_executable and graph.get(key).is_materializable)
+            if not reasons:
+                say(f"nothing to do: all {total} assets are up to date (`rl-assets run --all` reruns every one)")
+                return True, []
+            first, why = next(iter(reasons.items()))
+            say(f"running {len(reasons)} of {total} assets, from {first.to_user_string()} ({why}); "
+                f"the other {total - len(reasons)} are up to date (`--all` reruns every one)")
+            keys = list(reasons)
         quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
         with _one_line_per_skip():
-            result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet)
+            result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,
+                                 tags={**run_tags(ParamsResource()), **cli_tags()})
         if result.success:
-            print(f"dagster run {result.run_id}: success", file=sys.stderr)
+            say(f"dagster run {result.run_id}: success")
             return True, []
         return False, failure_report(instance, result.run_id)
 
@@ -131,7 +155,8 @@ def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -
     assets = [name for name in skipped if not name.startswith("checks of ")]
     if skipped:
         shown = ", ".join(assets[:6]) + (f", ... ({len(assets) - 6} more)" if len(assets) > 6 else "")
-        lines.append(f"skipped: {len(assets)} assets after the failure ({shown or 'none'}) and {len(skipped) - len(assets)} check steps")
+        checks = len(skipped) - len(assets)
+        lines.append(f"skipped: {len(assets)} assets after the failure ({shown or 'none'})" + (f" and {checks} check steps" if checks else ""))
     if not lines:
         lines.append("failed before any step ran (see the output above)")
     return [*lines, *logs, f"dagster run {run_id}: make ui, then http://127.0.0.1:3000/runs/{run_id}"]
@@ -147,21 +172,59 @@ def latest_run() -> dict | None:
             return None
         record = records[0]
         checks = [e.dagster_event.event_specific_data for e in instance.all_logs(record.dagster_run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)]
+        tags = record.dagster_run.tags
         return {"run_id": record.dagster_run.run_id, "status": record.dagster_run.status.value,
                 "started": record.start_time, "ended": record.end_time,
-                "failed_checks": [f"{c.asset_key.to_user_string()}:{c.check_name}" for c in checks if not c.passed]}
+                "failed_checks": [f"{c.asset_key.to_user_string()}:{c.check_name}" for c in checks if not c.passed],
+                "experiment": tags.get("rl_assets/experiment"), "params_file": tags.get("rl_assets/params_file"),
+                "overrides": [o for o in tags.get("rl_assets/overrides", "").split(";") if o], "params_hash": tags.get("rl_assets/params_hash")}
+
+
+def run_params(run: dict | None):
+    """The params the latest run used (its params file and overrides, from its tags), and a note when they cannot be had.
+
+    Falls back to the project's params ($RL_ASSETS_PARAMS or params.yaml) for a run without those tags or before any run.
+    """
+    from pipelines.steps import load_project_params
+    from rl_assets.config import Params, ParamsError, load_params
+
+    if not run or not run.get("params_file"):
+        return load_project_params(), None
+    try:
+        params = load_params(run["params_file"], run["overrides"])
+    except ParamsError as error:
+        return load_project_params(), f"the latest run's params can no longer be read ({error}); showing the project's"
+    if params.section_hash(*Params.model_fields) != run["params_hash"]:
+        return params, f"{run['params_file']} has changed since the latest run (params hash {run['params_hash']} then)"
+    return params, None
 
 
 def print_status() -> int:
     import json
 
-    from pipelines.steps import load_project_params
     from rl_assets.status import project_status
 
     run = latest_run()
     healthy = run is None or run["status"] not in ("FAILURE", "CANCELED")
-    print(json.dumps({"healthy": healthy, "latest_run": run, **project_status(Path("."), load_project_params())}, indent=2, default=str))
+    params, note = run_params(run)
+    status = {"healthy": healthy, "latest_run": run, "experiment": params.experiment, **project_status(Path("."), params)}
+    status["healthy"] = healthy = healthy and not any(step["stale"] for step in status["running_steps"])  # a hung step
+    if note:
+        status["params_note"] = note
+    print(json.dumps(status, indent=2, default=str))
     return 0 if healthy else 1
+
+
+def refuse_params_under_dvc() -> str | None:
+    """Under `dvc repro`, DVC records params.yaml: a run steered to other params would be recorded falsely."""
+    if not os.environ.get("DVC_STAGE"):
+        return None
+    steered = [f"RL_ASSETS_PARAMS={os.environ['RL_ASSETS_PARAMS']}"] if os.environ.get("RL_ASSETS_PARAMS", "params.yaml") != "params.yaml" else []
+    steered += [f"RL_ASSETS_SET={os.environ['RL_ASSETS_SET']}"] if os.environ.get("RL_ASSETS_SET") else []
+    if not steered:
+        return None
+    return (f"dvc repro reproduces params.yaml, and dvc.lock records its values, but {' and '.join(steered)} would make this stage "
+            "from other params; unset it, or run `rl-assets run` with it (that run records the params it used in dvc.lock)")
 
 
 def main(argv=None) -> int:
@@ -169,6 +232,7 @@ def main(argv=None) -> int:
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="materialize every asset in one Dagster run, then print the evaluation table")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    run.add_argument("--all", dest="everything", action="store_true", help="rerun every asset, not only those missing or stale")
     one = commands.add_parser("materialize", help="materialize one or more assets by key, e.g. r01/rollouts")
     one.add_argument("keys", nargs="+")
     sync = commands.add_parser("dvc-sync", help="write dvc.yaml from the asset graph")
@@ -181,6 +245,9 @@ def main(argv=None) -> int:
     from pipelines.steps import load_project_params
     from rl_assets.config import ParamsError
 
+    if refused := refuse_params_under_dvc():
+        print(f"error: {refused}", file=sys.stderr)
+        return 2
     try:  # fail on a bad params file, a missing data source or a model that misfits its tokenizer before a run starts
         params = load_project_params()
         if args.command in ("run", "materialize"):
@@ -209,12 +276,25 @@ def main(argv=None) -> int:
     use_project_instance()
     if args.command == "status":
         return print_status()
+    from pipelines.writer import AnotherWriter
+
     started = time.perf_counter()
-    ok, report = execute(args.keys if args.command == "materialize" else None)
+    try:
+        ok, report = execute(args.command, args.keys if args.command == "materialize" else None, getattr(args, "everything", False))
+    except AnotherWriter as error:
+        print(f"error: {error}", file=sys.stderr)
+        return 3
     if not ok:  # last in the output: what failed, its own error, where the full log is
         print(f"\n{args.command} FAILED after {time.perf_counter() - started:.0f} s", file=sys.stderr)
         print("\n".join(report), file=sys.stderr)
         return 1
+    if args.command == "run" and set(params.tracking.backends) - {"tensorboard"}:  # one tracker run per pipeline run
+        from rl_assets.trackers import log_run
+
+        try:
+            print(f"tracked: {log_run(Path('.'), params, latest_run()['run_id'])}", file=sys.stderr)
+        except Exception as error:  # noqa: BLE001 - the run succeeded; a tracker that is down or missing is a warning
+            print(f"warning: tracking failed ({type(error).__name__}: {error}); `rl-assets track` retries", file=sys.stderr)
     if args.command == "run":
         from rl_assets.evaluation import summary_text
 

@@ -1,4 +1,4 @@
-"""The rl-assets code location: the asset graph in flow order, its checks, the job, its triggers, executor and resources.
+"""The rl-assets code location: the asset graph in flow order (each asset with its guards), the job, its triggers, executor and resources.
 
 Loads without importing torch, transformers or trl (each UI reload and schedule tick loads it).
 """
@@ -8,7 +8,6 @@ import warnings
 from dagster import AssetSelection, Definitions, PipesSubprocessClient, PreviewWarning, define_asset_job, multiprocess_executor
 
 from pipelines.assets import base_checkpoint, evaluation_asset, prompts, raw_data
-from pipelines.checks import asset_checks
 from pipelines.promotion import promoted_model
 from pipelines.reward_model import reward_model_asset
 from pipelines.rounds import round_assets
@@ -48,7 +47,6 @@ def executor(params):
 
 defs = Definitions(
     assets=assets,
-    asset_checks=asset_checks(ROUNDS),
     jobs=[rl_pipeline],
     schedules=[retrain_schedule(PARAMS)],
     sensors=[raw_data_sensor],

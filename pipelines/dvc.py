@@ -9,6 +9,9 @@ so it is always called as a command, never imported.
 
 from __future__ import annotations
 
+import contextlib
+import copy
+import fcntl
 import json
 import os
 import shutil
@@ -19,6 +22,7 @@ import yaml
 from dagster import AssetKey
 
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, dvc_stage_name, output_path
+from rl_assets.storage import atomic_path
 from rl_assets.tracking import ROUND_PLOTS
 
 PYTHON = ".venv/bin/python"
@@ -34,13 +38,18 @@ SYNC = "run `rl-assets dvc-sync` (or `make dvc-sync`) to regenerate it from the 
 STAGE_FIELDS = ("cmd", "deps", "params", "outs", "metrics", "plots")
 
 
-def record_in_dvc(context, key: str) -> None:
-    """Commit the stage of `key` to dvc.lock after a materialization DVC did not drive.
+def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> None:
+    """Commit the stage of `key` to dvc.lock after a materialization DVC did not drive, with the params it ran with.
 
     Only when dvc.yaml's stage is the one the asset graph generates now: committing a stale stage
     (rounds or sources changed since `dvc-sync`) would record deps this run did not use, so the
     warning names the difference and the command that fixes it. A failed commit is reported with
     DVC's own message.
+
+    `dvc commit` records the values in params.yaml, the file DVC reads. When the run used another
+    params file, `--set` overrides or ${VAR} values, the stage's params in dvc.lock are then replaced
+    by the values the run used (see `effective_dvc_params`), so `dvc status` reports the difference
+    from params.yaml instead of calling the outputs up to date.
     """
     if os.environ.get("DVC_STAGE") or os.environ.get("RL_ASSETS_DVC_COMMIT", "1") == "0":
         return  # dvc repro is running this stage and records it itself
@@ -61,10 +70,85 @@ def record_in_dvc(context, key: str) -> None:
     if dvc is None:
         context.log.warning("dvc not found (make setup installs it in .venv-dvc); dvc.lock not updated")
         return
-    # Not --quiet: DVC's quiet mode drops its error message as well, which left the warning empty.
-    done = subprocess.run([dvc, "commit", "--force", stage], capture_output=True, text=True)
-    if done.returncode:
-        context.log.warning(f"dvc commit {stage} failed: {dvc_message(done)}")
+    with _dvc_lock_held():
+        # Not --quiet: DVC's quiet mode drops its error message as well, which left the warning empty.
+        done = subprocess.run([dvc, "commit", "--force", stage], capture_output=True, text=True)
+        if done.returncode:
+            context.log.warning(f"dvc commit {stage} failed: {dvc_message(done)}")
+            return
+        keys = [k for k in written[stage].get("params", []) if isinstance(k, str)]
+        if keys and record_run_params(stage, effective_dvc_params(keys, params_file, overrides)):
+            context.log.info(f"dvc.lock: stage {stage} records the params this run used ({params_file}"
+                             f"{' with --set ' + ' '.join(overrides) if overrides else ''}), which differ from params.yaml")
+
+
+@contextlib.contextmanager
+def _dvc_lock_held():
+    """One `dvc commit` + dvc.lock rewrite at a time across the run's step processes."""
+    lock_dir = Path(".dvc") / "tmp"
+    lock_dir.mkdir(parents=True, exist_ok=True)
+    with open(lock_dir / "rl-assets-commit.lock", "w") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        yield
+
+
+def effective_dvc_params(keys: list[str], params_file: str, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+    """The values of a stage's params keys (`train`, `model.name_or_path`) as the run used them, typed as validated.
+
+    The file as written, ${VAR} interpolated and `--set` applied; each value keeps the file's shape (only the keys
+    written in it, as DVC records them), with leaves replaced by the validated values so `1e-4` is a float as DVC reads it.
+    """
+    from rl_assets.config import parse_params, read_params_file, resolved_raw
+
+    written = read_params_file(params_file)
+    raw = resolved_raw(copy.deepcopy(written), params_file, overrides)
+    validated = parse_params(written, params_file, overrides).model_dump(mode="json")
+    values = {}
+    for key in keys:
+        found, typed = _dotted(raw, key), _dotted(validated, key)
+        if found is not _MISSING:
+            values[key] = _typed_like(found, typed)
+    return values
+
+
+_MISSING = object()
+
+
+def _dotted(mapping, key: str):
+    for part in key.split("."):
+        if not isinstance(mapping, dict) or part not in mapping:
+            return _MISSING
+        mapping = mapping[part]
+    return mapping
+
+
+def _typed_like(raw, validated):
+    """`raw`'s structure with each leaf taken from `validated` where it has one (YAML 1.1 reads 1e-4 as text; DVC as a float)."""
+    if isinstance(raw, dict):
+        return {k: _typed_like(v, validated.get(k, _MISSING) if isinstance(validated, dict) else _MISSING) for k, v in raw.items()}
+    if isinstance(raw, list):
+        others = validated if isinstance(validated, list) and len(validated) == len(raw) else [_MISSING] * len(raw)
+        return [_typed_like(v, o) for v, o in zip(raw, others)]
+    return raw if validated is _MISSING or isinstance(validated, (dict, list)) else validated
+
+
+def record_run_params(stage: str, values: dict) -> bool:
+    """Replace the stage's params.yaml values in dvc.lock by `values` when they differ; True when it did.
+
+    dvc.lock's format (schema 2.0, `stages.<stage>.params.<file>.<key>`) is DVC's documented lock file.
+    """
+    lock_path = Path("dvc.lock")
+    lock = yaml.safe_load(lock_path.read_text()) if lock_path.is_file() else None
+    entry = (lock or {}).get("stages", {}).get(stage)
+    if entry is None:
+        return False
+    recorded = (entry.get("params") or {}).get("params.yaml", {})
+    if recorded == values:
+        return False
+    entry["params"] = {**(entry.get("params") or {}), "params.yaml": values}
+    with atomic_path(lock_path) as tmp:
+        tmp.write_text(yaml.safe_dump(lock, sort_keys=False, width=120))
+    return True
 
 
 def dvc_message(done: subprocess.CompletedProcess) -> str:

@@ -94,17 +94,24 @@ def report_failure(error: BaseException) -> int:
     return DETERMINISTIC_EXIT if kind == "deterministic" else TRANSIENT_EXIT
 
 
+def data_version(output: Path) -> str:
+    """A checkpoint's id (the hash of its weights, computed when it was saved), else the output's content hash."""
+    from rl_assets.checkpoints import LINEAGE_FILE, checkpoint_id
+    from rl_assets.storage import content_hash
+
+    return checkpoint_id(output) if (output / LINEAGE_FILE).is_file() else content_hash(output)
+
+
 def run(argv: list[str] | None = None) -> int:
     from dagster_pipes import open_dagster_pipes
 
     from rl_assets import compute
-    from rl_assets.storage import content_hash
 
     args, params = compute.parse_args(argv, prog="python -m pipelines.pipes_child")
     if compute.start_distributed(params) == 0:
         with open_dagster_pipes() as pipes:  # an exception is also reported through Pipes (the run's event log)
             metadata, output = compute.run_stage(args.stage, params, args.round, Path("."))
-            pipes.report_asset_materialization(metadata=metadata, data_version=content_hash(output))
+            pipes.report_asset_materialization(metadata=metadata, data_version=data_version(output))
     else:
         compute.run_stage(args.stage, params, args.round, Path("."))
     compute.stop_distributed()

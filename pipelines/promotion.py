@@ -8,7 +8,7 @@ delete it before each rerun.
 from dagster import AssetExecutionContext, AssetKey, MaterializeResult, PipesSubprocessClient, asset
 
 from pipelines.assets import COMPUTE_TAGS
-from pipelines.steps import ParamsResource, compute_command
+from pipelines.steps import ParamsResource, compute_command, tag_run
 
 
 @asset(
@@ -21,6 +21,7 @@ from pipelines.steps import ParamsResource, compute_command
                 "beats the current promoted model on the same evaluation; models/history.jsonl keeps every promotion and rollback.",
 )
 def promoted_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
+    tag_run(context, params)
     command = compute_command("promote", params, params.load().compute)
     context.log.info("launching: %s", " ".join(command))
     result = pipes.run(context=context, command=command, env={"PYTHONUNBUFFERED": "1"}).get_materialize_result()

@@ -4,9 +4,11 @@ Reward functions named `reward_model` then score with it, and every rNN/rewards 
 (see rounds.py), so retraining it rescores every round without resampling.
 """
 
+from typing import Iterator
+
 from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, PipesSubprocessClient, asset
 
-from pipelines.assets import COMPUTE_TAGS, dvc_meta
+from pipelines.assets import COMPUTE_TAGS, stage_tracking
 from pipelines.steps import ParamsResource, load_project_params, run_compute
 
 
@@ -23,10 +25,10 @@ def reward_model_asset() -> AssetsDefinition | None:
         pool="gpu",
         op_tags=COMPUTE_TAGS,
         description="A sequence-classification reward model trained with TRL's RewardTrainer on chosen/rejected pairs.",
-        metadata=dvc_meta(["seed", "reward_model"], ["rl_assets/reward_model.py"], [configured.preference_data]),
+        **stage_tracking("reward_model", ["seed", "reward_model"], [configured.preference_data]),
     )
-    def reward_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
-        return run_compute(context, pipes, params, "reward_model")
+    def reward_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
+        yield from run_compute(context, pipes, params, "reward_model")
 
     return reward_model
 

@@ -1,11 +1,14 @@
 """How an asset body finishes: launch a compute step through Pipes, or report an in-process output.
 
-Both paths end the same way: the output's content hash becomes the Dagster data version, and the
-stage is recorded in `dvc.lock` so `dvc status` agrees with what Dagster just materialized.
+Both paths end the same way: the output's content hash (a checkpoint's id) becomes the Dagster data
+version, the stage is recorded in `dvc.lock` so `dvc status` agrees with what Dagster just
+materialized, and the asset's guards run in the same step (pipelines/checks.py). Asset bodies
+`yield from` them.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -14,10 +17,12 @@ import signal
 import sys
 import tempfile
 from pathlib import Path
+from typing import Iterator
 
 from dagster import AssetExecutionContext, ConfigurableResource, DataVersion, Failure, MaterializeResult, PipesSubprocessClient
-from dagster._core.errors import DagsterPipesExecutionError  # what PipesSubprocessClient raises for a non-zero exit; not exported
+from dagster._core.errors import DagsterInvalidPropertyError, DagsterPipesExecutionError  # the second: what PipesSubprocessClient raises for a non-zero exit; not exported
 
+from pipelines.checks import guarded
 from pipelines.dvc import record_in_dvc
 from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
 from rl_assets.config import ComputeParams, Params, load_params
@@ -41,9 +46,41 @@ class ParamsResource(ConfigurableResource):
         return load_params(self.path, self.overrides)
 
 
+def run_tags(params: ParamsResource) -> dict[str, str]:
+    """What a run records about its params: experiment, params file, overrides and the hash of the effective params."""
+    loaded = params.load()
+    tags = {"rl_assets/experiment": loaded.experiment, "rl_assets/params_file": params.path,
+            "rl_assets/params_hash": loaded.section_hash(*Params.model_fields)}
+    if params.overrides:
+        tags["rl_assets/overrides"] = ";".join(params.overrides)
+    return tags
+
+
+def tag_run(context: AssetExecutionContext, params: ParamsResource) -> None:
+    """Put `run_tags` on the running run, however it was launched (CLI, UI launchpad, schedule, sensor)."""
+    try:
+        current = context.run.tags
+    except DagsterInvalidPropertyError:  # an asset body invoked directly (tests): there is no run to tag
+        return
+    tags = run_tags(params)
+    if any(current.get(k) != v for k, v in tags.items()):
+        context.instance.add_run_tags(context.run_id, tags)
+
+
 def load_project_params() -> Params:
-    """The params that shape the graph (how many rounds), read when the code location loads."""
-    return ParamsResource().load()
+    """The params that shape the graph (how many rounds), read when the code location loads.
+
+    Every asset factory asks; the file is parsed once per content, overrides and environment.
+    """
+    resource = ParamsResource()
+    path = Path(resource.path)
+    text = path.read_bytes() if path.is_file() else b""
+    return _parsed_params(resource.path, tuple(resource.overrides), text, frozenset(os.environ.items()), str(Path.cwd()))
+
+
+@functools.lru_cache(maxsize=8)
+def _parsed_params(path: str, overrides: tuple[str, ...], text: bytes, environment: frozenset, cwd: str) -> Params:
+    return load_params(path, list(overrides))
 
 
 def compute_command(stage: str, params: ParamsResource, compute: ComputeParams, round_number: int | None = None) -> list[str]:
@@ -72,13 +109,15 @@ def compute_command(stage: str, params: ParamsResource, compute: ComputeParams, 
 
 
 def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource, stage: str,
-                round_number: int | None = None) -> MaterializeResult:
-    """Run one compute step in a child process; rank 0 reports metadata and the data version."""
+                round_number: int | None = None) -> Iterator[MaterializeResult]:
+    """Run one compute step in a child process (rank 0 reports metadata and the data version), then the asset's guards."""
+    tag_run(context, params)
     command = compute_command(stage, params, params.load().compute, round_number)
     result = run_child(context, pipes, command, stage).get_materialize_result()
     _log_done(context, result.metadata or {})
-    record_in_dvc(context, context.asset_key.to_user_string())
-    return result
+    key = context.asset_key.to_user_string()
+    record_in_dvc(context, key, params.path, params.overrides)
+    yield from guarded(key, params.load(), result)
 
 
 def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, command: list[str], stage: str):
@@ -158,8 +197,10 @@ def _log_done(context: AssetExecutionContext, metadata: dict) -> None:
     context.log.info(f"materialized {context.asset_key.to_user_string()}: {shown}")
 
 
-def materialized(context: AssetExecutionContext, path, metadata: dict) -> MaterializeResult:
-    """Report an output written in this process, with its content hash as the data version."""
+def materialized(context: AssetExecutionContext, params: ParamsResource, path, metadata: dict) -> Iterator[MaterializeResult]:
+    """Report an output written in this process, with its content hash as the data version, then the asset's guards."""
+    tag_run(context, params)
     _log_done(context, metadata)
-    record_in_dvc(context, context.asset_key.to_user_string())
-    return MaterializeResult(metadata={"path": str(path), **metadata}, data_version=DataVersion(content_hash(path)))
+    key = context.asset_key.to_user_string()
+    record_in_dvc(context, key, params.path, params.overrides)
+    yield from guarded(key, params.load(), MaterializeResult(metadata={"path": str(path), **metadata}, data_version=DataVersion(content_hash(path))))

@@ -84,11 +84,37 @@ def reinforce_pp_advantages(rewards: torch.Tensor, group_size: int, eps: float =
     return (centred - centred.mean()) / (std + eps)
 
 
+def equal_reward_groups(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """Which groups have G equal rewards: every estimator here gives their rows advantage 0, so no policy gradient.
+
+    Args:
+        rewards: (B * G,) rewards in prompt-major order.
+    Returns:
+        (B,) bool, True for a group whose rewards are all equal (a group of one always is).
+
+    >>> equal_reward_groups(torch.tensor([1.0, 1.0, 0.0, 1.0]), group_size=2).tolist()
+    [True, False]
+    """
+    grouped = _grouped(rewards, group_size)
+    return grouped.max(dim=1).values == grouped.min(dim=1).values
+
+
+def informative_rows(rewards: torch.Tensor, group_size: int) -> torch.Tensor:
+    """(B * G,) bool: True for the rows of groups whose rewards differ (DAPO's dynamic-sampling filter keeps these).
+
+    Args:
+        rewards: (B * G,) rewards in prompt-major order.
+
+    >>> informative_rows(torch.tensor([1.0, 1.0, 0.0, 1.0]), group_size=2).tolist()
+    [False, False, True, True]
+    """
+    return (~equal_reward_groups(rewards, group_size)).repeat_interleave(group_size)
+
+
 def equal_reward_group_share(rewards: torch.Tensor, group_size: int) -> float:
     """Share of groups whose G rewards are all equal (they carry no group-relative signal).
 
     Args:
         rewards: (B * G,) rewards in prompt-major order.
     """
-    grouped = _grouped(rewards, group_size)
-    return (grouped.max(dim=1).values == grouped.min(dim=1).values).float().mean().item()
+    return equal_reward_groups(rewards, group_size).float().mean().item()

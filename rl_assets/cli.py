@@ -1,6 +1,6 @@
 """The `rl-assets` command.
 
-    rl-assets run [--set section.key=value ...]   the whole graph through Dagster (what `make run` does)
+    rl-assets run [--all] [--set k=v ...]         what is missing or stale, through Dagster (what `make run` does)
     rl-assets materialize r01/rewards             one asset through Dagster (what each DVC stage runs)
     rl-assets dvc-sync [--check]                  write dvc.yaml from the Dagster asset graph
     rl-assets lineage data/r02/checkpoint         walk a checkpoint back to its raw data
@@ -8,7 +8,9 @@
     rl-assets query "select round, avg(reward) from rewards group by round"   (views over every table)
     rl-assets status                              JSON health summary (latest run, round, metrics, promoted model)
     rl-assets generate --checkpoint promoted "7*8="   sample from any checkpoint (id, rNN, folder, promoted)
-    rl-assets rollback                            restore the previously promoted model
+    rl-assets rollback [--allow-other-experiment]  restore the previously promoted model of this experiment
+    rl-assets track [--run-id ID]                 log the rounds, params and lineage ids to tracking.backends (rl_assets/trackers.py)
+    rl-assets serve [--host 127.0.0.1] [--port 8000]  /health, /metrics and OpenAI-compatible completions of the promoted model
 
 Orchestration commands hand over to `python -m pipelines` in a new process, so this library never
 imports Dagster.
@@ -50,7 +52,19 @@ def main(argv: list[str] | None = None) -> int:
     generate.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
     generate.add_argument("--max-new-tokens", type=int, default=16)
     generate.add_argument("--seed", type=int, default=0)
-    commands.add_parser("rollback", help="restore the model promoted before the current one")
+    back = commands.add_parser("rollback", help="restore the model promoted before the current one (of this experiment)")
+    back.add_argument("--allow-other-experiment", action="store_true", help="restore it even when another experiment promoted it")
+    serve = commands.add_parser("serve", help="HTTP: /health, /metrics, /v1/completions and /v1/chat/completions (rl_assets/serve.py)")
+    serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
+    serve.add_argument("--port", type=int, default=8000)
+    serve.add_argument("--heartbeat-timeout", type=float, default=None, help="seconds without heartbeat progress before a "
+                       "running step makes /health 503 (default $RL_ASSETS_HEARTBEAT_TIMEOUT or 300)")
+    serve.add_argument("--status-interval", type=float, default=15.0, help="seconds between refreshes of the Dagster run state")
+    serve.add_argument("--max-batch", type=int, default=32, help="completions generated together at most")
+    serve.add_argument("--max-tokens", type=int, default=256, help="largest max_tokens a request may ask for")
+    serve.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU, `vllm serve models/promoted` is faster)")
+    track = commands.add_parser("track", help="log every round's metrics, the params and lineage ids to the trackers of tracking.backends")
+    track.add_argument("--run-id", default=None, help="the pipeline run to log as (default: the latest Dagster run)")
     args = parser.parse_args(argv)
 
     try:
@@ -77,11 +91,30 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "rollback":
             from rl_assets.promotion import models_dir, rollback
 
-            print(json.dumps(rollback(models_dir(_params().promotion))))
-    except (FileNotFoundError, ValueError, duckdb.Error) as error:
+            params = _params()
+            print(json.dumps(rollback(models_dir(params.promotion), params.experiment, args.allow_other_experiment)))
+        elif args.command == "track":
+            from rl_assets.trackers import log_run
+
+            print(json.dumps(log_run(Path("."), _params(), args.run_id or _latest_run_id())))
+        elif args.command == "serve":
+            from rl_assets.serve import serve
+
+            serve(Path("."), _params(), args.host, args.port, heartbeat_timeout=args.heartbeat_timeout,
+                  status_interval=args.status_interval, max_batch=args.max_batch, max_tokens=args.max_tokens, device=args.device)
+    except (FileNotFoundError, ValueError, ImportError, duckdb.Error) as error:  # ImportError: a tracker's missing extra
         print(f"rl-assets {args.command}: {error}", file=sys.stderr)
         return 2
     return 0
+
+
+def _latest_run_id() -> str:
+    done = subprocess.run([sys.executable, "-m", "pipelines", "status"], capture_output=True, text=True)
+    start = done.stdout.find("{")  # exit 1 (a failed run) prints the JSON too
+    run = json.loads(done.stdout[start:]).get("latest_run") if start >= 0 else None
+    if not run:
+        raise ValueError("no Dagster run yet: name one with --run-id")
+    return run["run_id"]
 
 
 def _params():

@@ -28,7 +28,8 @@ from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
 from rl_assets.config import Params, load_params
 from rl_assets.precision import compute_autocast, resolve_mixed_precision, weights_dtype
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix, train_state_dir
-from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, write_table
+from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, table_lineage, write_table
+from rl_assets.stage_code import stage_lineage
 from rl_assets.storage import file_hash
 
 
@@ -56,13 +57,31 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
         parent, trained_on = params.model.name_or_path, {"prompts": file_hash(prompts_path)} if params.sft.enabled else {}
         algorithm = "sft" if params.sft.enabled else "none"
     lineage = {"round": 0, "parent": parent, "trained_on": trained_on, "algorithm": algorithm,
-               "params_hash": params.section_hash("seed", "model", "sft"),
+               "params_hash": params.section_hash("seed", "model", "sft"), **stage_lineage("sft", params, ["seed", "model", "sft"]),
                "metrics": metrics, "num_parameters": sum(p.numel() for p in model.parameters())}
     path = output_path(checkpoint_key(0), root)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     save_checkpoint(model, tokenizer, path, lineage)
     return {"parameters": lineage["num_parameters"], **{k: v for k, v in metrics.items() if v is not None}}
+
+
+def _with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, device: str) -> tuple[dict, Path]:
+    """Evaluate a new checkpoint now, so its held-out accuracy is on its own materialization (the evaluation asset reuses it).
+
+    Called here, not by run_sft/run_train: the checkpoint does not depend on the evaluation code or the rewards
+    (stage_code follows those functions), so editing a reward module does not make the checkpoints stale.
+    """
+    from rl_assets.evaluation import evaluated, heldout_metadata
+
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return metadata, checkpoint
+    try:
+        rows, _ = evaluated(checkpoint, params, root, device, _precision(params, device))
+    except Exception as error:  # e.g. a reward that raises: its own asset fails with it; the checkpoint is fine
+        print(f"warning: held-out evaluation of {checkpoint} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return {**metadata, "heldout_error": f"{type(error).__name__}: {error}"[:500]}, checkpoint
+    return {**metadata, **heldout_metadata(rows)}, checkpoint
 
 
 def run_rollouts(params: Params, round_number: int, root: Path, device: str) -> dict:
@@ -79,7 +98,8 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str) -> 
                             seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
                             model_path=str(policy_path), autocast=compute_autocast(mode, device))
     elapsed = time.perf_counter() - started
-    write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", root), ROLLOUTS, "rollouts")
+    write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", root), ROLLOUTS, "rollouts",
+                lineage=stage_lineage("rollouts", params, ["seed", "rollouts"]))
     lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
     samples = [[p, c, a] for p, c, a in zip(table["prompt"].to_pylist()[:8], table["completion"].to_pylist()[:8], table["answer"].to_pylist()[:8])]
     return {"rows": table.num_rows, "prompts": table.num_rows // params.rollouts.samples_per_prompt,
@@ -135,7 +155,10 @@ def run_train(params: Params, round_number: int, root: Path, device: str) -> dic
     metrics["kl"] = reference_kl(model.to(device), reference, rollouts, pad_id=tokenizer.pad_token_id, temperature=params.rollouts.temperature)
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
                "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
-               "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history}
+               "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history,
+               **stage_lineage("train", params, ["seed", "train"])}
+    for table_path in (rollouts_path, rewards_path):  # the code that sampled and scored what this round trained on
+        lineage["code"].update(table_lineage(table_path).get("code", {}))
     saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora)
     if optimizer_state is not None and train.carry_optimizer_state:
         save_carried_optimizer(optimizer_state, saved_id, round_number, root)
@@ -168,22 +191,20 @@ def _accuracy_plot(report: list[dict], reward_means: dict[int, float], path: Pat
 
 def run_evaluation(params: Params, root: Path, device: str) -> dict:
     """evaluation: every checkpoint r00..rR on the held-out prompts, greedy and sampled."""
-    from rl_assets.evaluation import eval_prompts, evaluate_checkpoint
-    from rl_assets.models import load_policy
+    from rl_assets.evaluation import evaluated
     from rl_assets.tracking import write_round_plots
 
-    held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
-    report, examples = [], []
-    mode = _precision(params, device)
+    report, examples, reused = [], [], 0
     for round_number in range(params.rounds + 1):
         path = output_path(checkpoint_key(round_number), root)
-        model, tokenizer = load_policy(path, device, dtype=weights_dtype(mode))
-        for row in evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
-                                       autocast=compute_autocast(mode, device)):
+        rows, was_done = evaluated(path, params, root, device, _precision(params, device))  # usually done by the step that made it
+        reused += was_done
+        for row in rows:
             examples += [[checkpoint_key(round_number), row["mode"], *e] for e in row.pop("examples")[:3]]
             report.append({"checkpoint": checkpoint_key(round_number), "checkpoint_id": checkpoint_id(path), **row})
     table = pa.Table.from_pylist(report, schema=EVALUATION)
-    write_table(table, output_path("evaluation", root), EVALUATION, "evaluation")
+    write_table(table, output_path("evaluation", root), EVALUATION, "evaluation",
+                lineage=stage_lineage("evaluation", params, ["seed", "rounds", "evaluation", "rewards"]))
     summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_{metric}": round(r[metric], 4)
                for r in report for metric in ("accuracy", "reward_mean", "pass_at_k")}
     (root / EVALUATION_METRICS).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
@@ -196,7 +217,7 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
     accuracy_rows = [[r["checkpoint"], r["mode"], f"{r['accuracy']:.3f}", f"{r['pass_at_k']:.3f}", f"{r['reward_mean']:.3f}",
                       r["n_prompts"] * r["n_samples"]] for r in report]
     return {
-        **summary,
+        **summary, "checkpoints_evaluated_before": reused,
         "accuracy": {"type": "md", "raw_value": _markdown_table(["checkpoint", "mode", f"accuracy ({report[0]['correctness']})", "pass@k", "mean reward", "completions"], accuracy_rows)},
         "plot": {"type": "md", "raw_value": f"![accuracy and reward per round](data:image/png;base64,{plot})"},
         "examples": {"type": "md", "raw_value": _markdown_table(["checkpoint", "mode", "prompt", "completion", "answer"], examples)},
@@ -221,17 +242,26 @@ def quiet_step() -> None:
 
 
 def run_stage(stage: str, params: Params, round_number: int | None, root: Path) -> tuple[dict, Path]:
-    """Run one compute step in this process; returns (metadata, output path)."""
+    """Run one compute step in this process, with a heartbeat file while it runs; returns (metadata, output path)."""
+    # Imported here, not at the top: stage_code follows compute.py's top-level imports into every stage's code,
+    # and the heartbeat (read by /health and `rl-assets status`) shapes no output.
+    from rl_assets.heartbeat import Heartbeat
+
+    with Heartbeat(root, stage, round_number):
+        return _run_stage(stage, params, round_number, root)
+
+
+def _run_stage(stage: str, params: Params, round_number: int | None, root: Path) -> tuple[dict, Path]:
     quiet_step()
     device = _device(params)
     if stage == "sft":
-        return run_sft(params, root, device), output_path(checkpoint_key(0), root)
+        return _with_heldout(run_sft(params, root, device), output_path(checkpoint_key(0), root), params, root, device)
     if stage in ("rollouts", "train") and (round_number is None or not 1 <= round_number <= params.rounds):
         raise ValueError(f"{stage} needs --round between 1 and rounds={params.rounds}")
     if stage == "rollouts":
         return run_rollouts(params, round_number, root, device), output_path(f"{round_prefix(round_number)}/rollouts", root)
     if stage == "train":
-        return run_train(params, round_number, root, device), output_path(checkpoint_key(round_number), root)
+        return _with_heldout(run_train(params, round_number, root, device), output_path(checkpoint_key(round_number), root), params, root, device)
     if stage == "evaluation":
         return run_evaluation(params, root, device), output_path("evaluation", root)
     if stage == "reward_model":

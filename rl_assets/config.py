@@ -270,6 +270,11 @@ class TrainParams(Section):
     sampler_correction_cap: float | None = Field(3.0, gt=0, description="Cap of the truncated importance weights that correct for a sampler "
                                                                         "other than the trainer (vLLM's own log-probs, TRL's token_truncate); null: off.")
     mask_truncated_completions: bool = Field(False, description="Leave completions that hit max_new_tokens out of the loss (DAPO).")
+    drop_equal_reward_groups: bool = Field(False, description="Train only on groups whose rewards differ (DAPO's dynamic-sampling filter, as "
+                                                              "verl applies it): all-equal groups have advantage 0, so they are left out of "
+                                                              "the loss, its normalisation and the KL penalty. Minibatches shrink by the share "
+                                                              "left out, so a round keeps its optimizer steps and costs fewer rows; the token "
+                                                              "metrics (the entropy guard's too) then cover the trained rows only.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     mixed_precision: Literal["auto", "no", "bf16", "fp16", "pure_bf16"] = Field(
         "auto", description="auto: bf16 where the GPU supports it, else fp16 with loss scaling, fp32 on CPU; bf16/fp16 keep fp32 master "
@@ -316,10 +321,25 @@ class ScheduleParams(Section):
 class PromotionParams(Section):
     warm_start: Literal["base", "promoted"] = Field("base", description="r00 is the base model (+ SFT), or the promoted model when there is one.")
     min_improvement: float = Field(0.0, ge=0, description="Sampled accuracy a candidate must gain over the promoted model to replace it.")
-    directory: str = Field("models", min_length=1, description="Where promoted/ (the current model), versions/ and history.jsonl live.")
+    directory: str = Field("models", min_length=1, description="Where promoted/ (the current model), versions/ and history.jsonl live. "
+                                                             "Absent: models/ for the default experiment, models/experiments/<experiment>/ for others.")
+
+
+class TrackingParams(Section):
+    backends: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=lambda: ["tensorboard"], description="Experiment trackers each pipeline run logs to: per-round metrics (round as "
+                                                             "the step), the params and the lineage ids (rl_assets/trackers.py).")
+    mlflow_tracking_uri: str = Field("", description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (a local store).")
+    mlflow_experiment: str = Field("", description="MLflow experiment name; empty: rl-assets/<experiment>.")
+    wandb_project: str = Field("rl-assets", min_length=1, description="Weights & Biases project.")
+    wandb_mode: Literal["", "online", "offline"] = Field("", description="W&B mode; empty: $WANDB_MODE, else online.")
 
 
 class Params(Section):
+    experiment: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                            description="Which experiment a run belongs to: runs, promotion and rollback are kept apart by it. "
+                                        "Absent: 'default' for ./params.yaml, else the params file's path (examples/gsm8k/params.yaml "
+                                        "-> examples-gsm8k-params).")
     seed: int = Field(0, ge=0, description="Seed of every random choice in the pipeline.")
     rounds: int = Field(3, ge=1, le=99, description="R: RL rounds, each rollouts -> rewards -> checkpoint.")
     owners: list[str] = Field(default_factory=list, description="Owners of every asset in the Dagster UI: emails or 'team:name'.")
@@ -336,6 +356,7 @@ class Params(Section):
     guards: GuardsParams = Field(default_factory=GuardsParams)
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
     promotion: PromotionParams = Field(default_factory=PromotionParams)
+    tracking: TrackingParams = Field(default_factory=TrackingParams, description="Experiment trackers (TensorBoard by default).")
 
     @model_validator(mode="after")
     def _check_correctness(self):
@@ -421,17 +442,64 @@ def _format_error(error: ValidationError, source: str) -> str:
     return "\n".join(lines)
 
 
-def parse_params(raw: dict, source: str = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> Params:
-    """Validate a params mapping (after interpolation and overrides) into `Params`."""
+def experiment_name(params_file: str | Path) -> str:
+    """The experiment a params file names when it sets no `experiment`: 'default' for the project's params.yaml, else its path.
+
+    The project's params.yaml is ./params.yaml, or a params.yaml outside the working directory (another
+    project's root, named by an absolute path).
+
+    >>> experiment_name("params.yaml"), experiment_name("examples/gsm8k/params.yaml"), experiment_name("my params.yml")
+    ('default', 'examples-gsm8k-params', 'my-params')
+    """
+    path = Path(params_file)
+    try:
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        if path.name == "params.yaml":
+            return "default"
+    if path == Path("params.yaml"):
+        return "default"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", path.with_suffix("").as_posix().replace("/", "-")).strip("-._")
+    return slug or "default"
+
+
+def resolved_raw(raw: dict, source: str = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> dict:
+    """The params mapping a run uses, before validation: ${VAR} interpolated, then `--set` overrides applied."""
     if not isinstance(raw, dict):
         raise ParamsError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
     raw = _interpolate(raw, "", source)
     for override in overrides:
         apply_override(raw, override)
+    return raw
+
+
+def parse_params(raw: dict, source: str = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> Params:
+    """Validate a params mapping (after interpolation and overrides) into `Params`.
+
+    The experiment defaults to the one `source` names, and a non-default experiment keeps its promoted
+    models in models/experiments/<experiment> unless `promotion.directory` says otherwise.
+    """
+    raw = resolved_raw(raw, source, overrides)
+    raw.setdefault("experiment", experiment_name(source))
+    promotion = raw.get("promotion")
+    if raw["experiment"] != "default" and (promotion is None or isinstance(promotion, dict)) and "directory" not in (promotion or {}):
+        raw["promotion"] = {**(promotion or {}), "directory": f"models/experiments/{raw['experiment']}"}
     try:
         return Params.model_validate(raw)
     except ValidationError as error:
         raise ParamsError(_format_error(error, source)) from None
+
+
+def read_params_file(path: str | Path) -> dict:
+    """The params file as written (a mapping), with the file named in every error."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: file not found")
+    try:
+        raw = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as error:
+        raise ParamsError(f"{path}: not valid YAML: {error}") from None
+    return raw or {}
 
 
 def load_params(path: str | Path = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> Params:
@@ -442,11 +510,4 @@ def load_params(path: str | Path = "params.yaml", overrides: tuple[str, ...] | l
     ...
     rl_assets.config.ParamsError: does-not-exist.yaml: file not found
     """
-    path = Path(path)
-    if not path.is_file():
-        raise ParamsError(f"{path}: file not found")
-    try:
-        raw = yaml.safe_load(path.read_text())
-    except yaml.YAMLError as error:
-        raise ParamsError(f"{path}: not valid YAML: {error}") from None
-    return parse_params(raw or {}, str(path), overrides)
+    return parse_params(read_params_file(path), str(path), overrides)

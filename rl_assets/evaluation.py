@@ -5,10 +5,17 @@ Accuracy is the share of completions that the correctness function (`evaluation.
 default the first reward function) scores 1; the mean total reward and pass@k (k = the samples per
 prompt: the share of prompts with at least one correct completion) are reported beside it, and
 promotion ranks on the sampled accuracy.
+
+Each checkpoint is evaluated once per evaluation: the result is kept under
+data/evaluations/<checkpoint id>-<evaluation key>.json, written by the step that made the
+checkpoint (so its held-out accuracy is on its own materialization, round by round), and the
+`evaluation` asset assembles those results, evaluating only what is not there yet.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -75,6 +82,46 @@ def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: Evaluation
             "examples": list(zip(prompts[:5], out.texts[: 5 * samples : samples], answers[:5])),
         })
     return rows
+
+
+EVALUATIONS = Path("data") / "evaluations"
+
+
+def evaluation_key(params, root: Path, precision: str = "no") -> str:
+    """Names one evaluation: held-out prompts file, evaluation and rewards params, seed, precision; equal keys compare fairly."""
+    from rl_assets.paths import output_path
+    from rl_assets.storage import file_hash
+
+    blob = json.dumps([file_hash(output_path("prompts", root)), params.evaluation.model_dump(mode="json"),
+                       params.rewards.model_dump(mode="json"), params.seed] + ([precision] if precision != "no" else []), sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def evaluated(checkpoint: Path, params, root: Path, device: str, precision: str = "no") -> tuple[list[dict], bool]:
+    """The checkpoint's evaluation rows, from data/evaluations when this evaluation of it was done before; (rows, reused)."""
+    from rl_assets.checkpoints import checkpoint_id
+    from rl_assets.models import load_policy
+    from rl_assets.paths import output_path
+    from rl_assets.precision import compute_autocast, weights_dtype
+    from rl_assets.schemas import read_table
+    from rl_assets.storage import atomic_path
+
+    key = evaluation_key(params, root, precision)
+    cached = root / EVALUATIONS / f"{checkpoint_id(checkpoint)}-{key}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text()), True
+    held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
+    model, tokenizer = load_policy(checkpoint, device, dtype=weights_dtype(precision))
+    rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
+                               autocast=compute_autocast(precision, device))
+    with atomic_path(cached) as tmp:
+        tmp.write_text(json.dumps(rows, default=list) + "\n")
+    return json.loads(cached.read_text()), False
+
+
+def heldout_metadata(rows: list[dict]) -> dict:
+    """What a checkpoint's own materialization shows about its evaluation."""
+    return {f"heldout_{row['mode']}_{metric}": row[metric] for row in rows for metric in ("accuracy", "pass_at_k", "reward_mean")}
 
 
 def summary_text(root: Path = Path(".")) -> str:

@@ -8,6 +8,12 @@ Candidates are ranked by sampled held-out accuracy from the evaluation table. Th
 model is compared on the same evaluation (same held-out prompts file, evaluation params and seed):
 its card records that evaluation's key, and when the key differs the model is evaluated again.
 Changes to models/ hold a file lock, so two runs promoting at once append history in turn.
+
+Experiments are kept apart: each has its own directory by default (models/ for the default one,
+models/experiments/<name>/ for the others, see `promotion.directory`), and every card and history
+event names its experiment. A run never promotes over a model of another experiment, and a
+rollback never restores one without `allow_other_experiment`: both say which experiment the model
+came from and what to do instead.
 A candidate saved as LoRA adapters is promoted as merged full weights, so the promoted model loads
 with plain transformers from anywhere, without peft and without the r00 the adapters sat on.
 """
@@ -16,7 +22,6 @@ from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
@@ -48,13 +53,6 @@ def warm_start_path(params: PromotionParams, root: Path = Path(".")) -> Path | N
 
 def read_card(path: Path) -> dict | None:
     return json.loads((path / CARD).read_text()) if (path / CARD).is_file() else None
-
-
-def evaluation_key(params: Params, root: Path) -> str:
-    """Names one evaluation: held-out prompts file, evaluation and rewards params, seed; equal keys compare fairly."""
-    blob = json.dumps([file_hash(output_path("prompts", root)), params.evaluation.model_dump(mode="json"), params.rewards.model_dump(mode="json"),
-                       params.seed], sort_keys=True)
-    return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
 def rank_candidates(evaluation_rows: list[dict], root: Path, params: Params) -> list[dict]:
@@ -172,17 +170,35 @@ def promote(source: Path, card: dict, models: Path) -> None:
         _copy_folder(source, version, files)
         _copy_folder(version, models / "promoted")
         _append(models, {"event": "promote", "checkpoint_id": card["checkpoint_id"], "source": card["source"],
-                         "previous": card.get("previous"), "sampled_accuracy": card["evaluation"]["sampled"]})
+                         "previous": card.get("previous"), "sampled_accuracy": card["evaluation"]["sampled"],
+                         "experiment": experiment_of(card)})
 
 
-def rollback(models: Path) -> dict:
-    """Restore the model promoted before the current one; returns the history event."""
+def experiment_of(card: dict | None) -> str:
+    """The experiment a card or history event belongs to (cards written before experiments were recorded: the default one)."""
+    return (card or {}).get("experiment") or "default"
+
+
+def rollback(models: Path, experiment: str = "default", allow_other_experiment: bool = False) -> dict:
+    """Restore the model promoted before the current one; returns the history event.
+
+    Refuses when that model was promoted by another experiment (trained on other data, evaluated on
+    other prompts), unless `allow_other_experiment`; the event then records that it crossed experiments.
+    """
     with _locked(models):
-        stack = promoted_stack(history(models))
+        events = history(models)
+        stack = promoted_stack(events)
         if len(stack) < 2:
             raise ValueError(f"{models}: nothing to roll back to ({len(stack)} promoted model(s) in {HISTORY})")
+        target = read_card(models / "versions" / stack[-2])
+        if experiment_of(target) != experiment and not allow_other_experiment:
+            raise ValueError(f"{models}: the model before the current one ({stack[-2][:12]}, from {target and target.get('source')}) "
+                             f"belongs to experiment {experiment_of(target)!r}, not {experiment!r}: it was trained on other data. "
+                             "Pass --allow-other-experiment to restore it anyway.")
         _copy_folder(models / "versions" / stack[-2], models / "promoted")
-        event = {"event": "rollback", "checkpoint_id": stack[-2], "replaced": stack[-1]}
+        event = {"event": "rollback", "checkpoint_id": stack[-2], "replaced": stack[-1], "experiment": experiment}
+        if experiment_of(target) != experiment:
+            event["restored_experiment"] = experiment_of(target)
         _append(models, event)
     return event
 
@@ -195,7 +211,7 @@ def build_card(candidate: dict, params: Params, root: Path, previous: str | None
     lineage = read_lineage(source)
     trace = trace_checkpoint(source, root)
     return {
-        "checkpoint_id": candidate["checkpoint_id"], "source": candidate["checkpoint"], "round": lineage["round"],
+        "checkpoint_id": candidate["checkpoint_id"], "source": candidate["checkpoint"], "round": lineage["round"], "experiment": params.experiment,
         "parent": lineage["parent"], "algorithm": lineage["algorithm"], "code_version": lineage["code_version"],
         "data": {"prompts": {"path": "data/prompts.parquet", "md5": file_hash(output_path("prompts", root))},
                  "raw": [{"path": os.path.relpath(s["path"], root), "md5": s["hash"]} for s in trace if s["kind"] == "raw"],
@@ -212,6 +228,7 @@ def card_markdown(card: dict) -> str:
     evaluation, metrics = card["evaluation"], card["metrics"]
     lines = [f"# Promoted model {card['checkpoint_id'][:12]}", "",
              f"From `{card['source']}` (round {card['round']}, {card['algorithm']}), parent `{card['parent']}`, code {card['code_version']}.",
+             f"Experiment `{experiment_of(card)}`.",
              *([f"Full weights merged from LoRA adapters {merged['checkpoint_id'][:12]} on base {merged['lora_base']['checkpoint_id']}."]
                if (merged := card.get("merged_from_adapters")) else []),
              f"Promoted {card['promoted_at']}; replaces `{card['previous'] or 'nothing'}`.", "",
@@ -227,6 +244,7 @@ def card_markdown(card: dict) -> str:
 
 def run_promotion(params: Params, root: Path, device: str) -> tuple[dict, Path]:
     """The promoted_model step: rank, compare with the current promoted model, promote or keep it."""
+    from rl_assets.evaluation import evaluation_key
     from rl_assets.schemas import read_table
 
     models, key = models_dir(params.promotion, root), evaluation_key(params, root)
@@ -234,9 +252,15 @@ def run_promotion(params: Params, root: Path, device: str) -> tuple[dict, Path]:
     candidate = next((c for c in ranked if not c["failed"]), None)
     current = read_card(models / "promoted")
     current_accuracy = None
-    if current is not None:
-        current_accuracy = current["evaluation"]["sampled"] if current["evaluation"]["key"] == key else _evaluate(models / "promoted", params, root, device)
-    promoted, reason = decide(candidate, current, current_accuracy, params.promotion.min_improvement)
+    if current is not None and experiment_of(current) != params.experiment:
+        promoted = False
+        reason = (f"{models}/promoted holds a model of experiment {experiment_of(current)!r} ({current.get('source')}), and this run is "
+                  f"experiment {params.experiment!r}: a model trained on other data is not replaced. Give this experiment its own "
+                  f"promotion.directory (e.g. models/experiments/{params.experiment}) to promote its models there.")
+    else:
+        if current is not None:
+            current_accuracy = current["evaluation"]["sampled"] if current["evaluation"]["key"] == key else _evaluate(models / "promoted", params, root, device)
+        promoted, reason = decide(candidate, current, current_accuracy, params.promotion.min_improvement)
     if promoted:
         promote(output_path(candidate["checkpoint"], root), build_card(candidate, params, root, current and current["checkpoint_id"], key), models)
     elif current is None:
@@ -265,12 +289,8 @@ def _rounds_plot(root: Path) -> str:
 
 
 def _evaluate(path: Path, params: Params, root: Path, device: str) -> float:
-    """Sampled accuracy of the model at `path` on this run's held-out prompts."""
-    from rl_assets.evaluation import eval_prompts, evaluate_checkpoint
-    from rl_assets.models import load_policy
-    from rl_assets.schemas import read_table
+    """Sampled accuracy of the model at `path` on this run's held-out prompts (kept by checkpoint id, like every evaluation)."""
+    from rl_assets.evaluation import evaluated
 
-    model, tokenizer = load_policy(path, device)
-    held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
-    rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards)
+    rows, _ = evaluated(path, params, root, device)
     return next(r["accuracy"] for r in rows if r["mode"] == "sampled")

@@ -6,6 +6,7 @@ and `read_table` refuses a file written under another schema or version.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pyarrow as pa
@@ -106,15 +107,31 @@ def _tagged(schema: pa.Schema, name: str) -> pa.Schema:
     return schema.with_metadata({b"rl_assets.schema": name.encode(), b"rl_assets.schema_version": str(SCHEMA_VERSION).encode()})
 
 
-def write_table(table: pa.Table, path: str | Path, schema: pa.Schema, name: str) -> Path:
-    """Cast `table` to `schema` and write it atomically; returns the path."""
+def write_table(table: pa.Table, path: str | Path, schema: pa.Schema, name: str, lineage: dict | None = None) -> Path:
+    """Cast `table` to `schema` and write it atomically; returns the path.
+
+    `lineage` (e.g. the content hashes of the code that made the table) is kept in the file's
+    metadata, where `table_lineage` reads it back.
+    """
     missing = set(schema.names) - set(table.column_names)
     if missing:
         raise ValueError(f"{path}: table {name!r} lacks columns {sorted(missing)}")
     table = table.select(schema.names).cast(schema)
+    metadata = dict(_tagged(schema, name).metadata)
+    if lineage:
+        metadata[LINEAGE_KEY] = json.dumps(lineage, sort_keys=True).encode()
     with atomic_path(path) as tmp:
-        pq.write_table(table.replace_schema_metadata(_tagged(schema, name).metadata), tmp)
+        pq.write_table(table.replace_schema_metadata(metadata), tmp)
     return Path(path)
+
+
+LINEAGE_KEY = b"rl_assets.lineage"
+
+
+def table_lineage(path: str | Path) -> dict:
+    """What `write_table` recorded about how the table was made ({} for a table written without it)."""
+    meta = pq.read_schema(path).metadata or {}
+    return json.loads(meta[LINEAGE_KEY]) if LINEAGE_KEY in meta else {}
 
 
 def read_table(path: str | Path, name: str) -> pa.Table:

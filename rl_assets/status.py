@@ -12,6 +12,7 @@ from pathlib import Path
 
 from rl_assets.checkpoints import read_lineage
 from rl_assets.config import Params
+from rl_assets.heartbeat import running_steps
 from rl_assets.paths import DATA, output_path
 from rl_assets.promotion import history, models_dir, read_card
 
@@ -35,7 +36,7 @@ def _evaluation(root: Path) -> dict | None:
 
 
 def project_status(root: Path, params: Params) -> dict:
-    """Current round, last checkpoint and its metrics, the evaluation, and the promoted model."""
+    """Current round, last checkpoint and its metrics, the evaluation, the promoted model, and the heartbeats of running steps."""
     rounds = checkpoint_rounds(root)
     latest = None
     if rounds:
@@ -49,7 +50,7 @@ def project_status(root: Path, params: Params) -> dict:
         promoted = {key: card.get(key) for key in ("checkpoint_id", "source", "promoted_at", "previous")}
         promoted.update(sampled_accuracy=card["evaluation"]["sampled"], history_events=len(history(models)))
     return {"rounds_configured": params.rounds, "current_round": rounds[-1] if rounds else None, "latest_checkpoint": latest,
-            "evaluation": _evaluation(root), "promoted_model": promoted}
+            "evaluation": _evaluation(root), "promoted_model": promoted, "running_steps": running_steps(root)}
 
 
 def format_status(status: dict) -> str:

@@ -6,6 +6,12 @@ re-sampled. Accelerate does the data parallelism (torchrun or `accelerate launch
 mixed precision and loss scaling: each process takes an equal slice of every global minibatch, so
 the update matches one process on the same global batch. The full state is saved every
 `save_steps`, and a rerun of a killed step resumes from it (see train_state.py).
+
+With `train.drop_equal_reward_groups` the groups whose rewards are all equal are left out first, as
+verl's DAPO filter does: before the advantages, the KL penalty and the loss normalisation see them.
+The minibatch shrinks by the share of rows left out, so a round takes as many optimizer steps as it
+would without the filter, each on informative rows only; the token metrics (entropy, KL, clipping)
+describe the rows trained on.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import pyarrow as pa
 import torch
 from tqdm.auto import tqdm
 
-from rl_assets.advantages import equal_reward_group_share, group_advantages, reinforce_pp_advantages, rloo_advantages
+from rl_assets.advantages import equal_reward_group_share, group_advantages, informative_rows, reinforce_pp_advantages, rloo_advantages
 from rl_assets.config import TrainParams
 from rl_assets.losses import policy_loss, sampler_importance_weights
 from rl_assets.precision import accelerate_mixed_precision, resolve_mixed_precision
@@ -93,17 +99,24 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     rank, world, accum = accelerator.process_index, accelerator.num_processes, params.gradient_accumulation_steps
     if params.minibatch_size % (world * accum):
         raise ValueError(f"train.minibatch_size={params.minibatch_size} must divide evenly over {world} processes x {accum} accumulation steps")
-    reward = join_rewards(rollouts, rewards)
-    advantages = advantages_for(params, reward, group_size)
-    prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist()
-    stored = rollouts["logprobs"].to_pylist()
-    sampler = rollouts["sampler_logprobs"].to_pylist() if params.sampler_correction_cap is not None else [None] * len(stored)
+    all_rewards = join_rewards(rollouts, rewards)
+    table, reward = rollouts, all_rewards
+    if params.drop_equal_reward_groups:  # their advantages are 0: they cost compute and dilute the loss normalisation
+        informative = informative_rows(all_rewards, group_size)
+        table, reward = rollouts.filter(pa.array(informative.tolist())), all_rewards[informative]
+    advantages = advantages_for(params, reward, group_size) if reward.numel() else reward
+    prompt_ids, completion_ids = table["prompt_ids"].to_pylist(), table["completion_ids"].to_pylist()
+    stored = table["logprobs"].to_pylist()
+    sampler = table["sampler_logprobs"].to_pylist() if params.sampler_correction_cap is not None else [None] * len(stored)
     keep = torch.ones(len(prompt_ids))
     if params.mask_truncated_completions:  # a cut-off answer is neither right nor wrong: leave it out of the loss
-        keep = (~torch.tensor(rollouts["truncated"].to_pylist())).float()
+        keep = (~torch.tensor(table["truncated"].to_pylist(), dtype=torch.bool)).float()
     tokens_of = torch.tensor([len(c) for c in completion_ids], dtype=torch.float64) * keep.double()
-    n = len(prompt_ids)
-    steps_per_epoch = max(1, n // params.minibatch_size)
+    n, minibatch = len(prompt_ids), params.minibatch_size
+    if n < rollouts.num_rows:  # as many steps as the whole table would take: dropping saves compute, not updates
+        minibatch = max(world * accum, params.minibatch_size * n // rollouts.num_rows // (world * accum) * (world * accum))
+    # A table smaller than a minibatch is one step; one with fewer rows than micro-batches (all groups dropped) none.
+    steps_per_epoch = n // minibatch or int(n >= world * accum)
     total_steps = params.epochs * steps_per_epoch
 
     if params.gradient_checkpointing:
@@ -141,7 +154,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
             step += 1
             if step <= start_step:
                 continue
-            batch = order[index * params.minibatch_size : (index + 1) * params.minibatch_size]
+            batch = order[index * minibatch : (index + 1) * minibatch]
             num_items = tokens_of[batch].sum().item() / accum  # dapo: tokens of the global minibatch, per micro-step
             micro_batches = batch.tensor_split(world)[rank].tensor_split(accum)  # this rank's slice, in micro-batches
             step_sums = dict.fromkeys(TOKEN_METRICS, 0.0) | {"loss": 0.0, "tokens": 0.0}
@@ -194,7 +207,9 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     bar.close()
     elapsed = time.perf_counter() - started
     # Collective under FSDP: every rank takes part, rank 0 gets whole tensors (name-keyed, the same format without sharding).
-    final_optimizer_state = get_optimizer_state_dict(model, optimizer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    final_optimizer_state = optimizer_state  # no step taken: the moments that came in go on (a fresh optimizer's would count a step)
+    if total_steps:
+        final_optimizer_state = get_optimizer_state_dict(model, optimizer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     full_weights = accelerator.get_state_dict(model) if accelerator.distributed_type == DistributedType.FSDP else None
     model = accelerator.unwrap_model(model)
     model.eval()
@@ -202,17 +217,21 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
         getattr(model, "activation_checkpointing_disable", model.gradient_checkpointing_disable)()
 
     total = _reduce(accelerator, sums)
-    result = {key: total[key] for key in TOKEN_METRICS}
+    result = {key: total[key] for key in TOKEN_METRICS} if total_steps else {}  # no step: no tokens to average, not zeros
     result.update(
         loss=total["loss"],
         grad_norm=sums["grad_norm"] / max(sums["steps"], 1),  # already global (DDP all-reduces gradients)
         steps=step,
         tokens_per_second=total["tokens_all"] / elapsed if elapsed and step > start_step else 0.0,
         resumed_from_step=start_step,
-        reward_mean=reward.mean().item(),
-        reward_std=reward.std().item() if n > 1 else 0.0,
-        equal_reward_group_share=equal_reward_group_share(reward, group_size),
-        truncated_share=1.0 - keep.mean().item() if params.mask_truncated_completions else float(sum(rollouts["truncated"].to_pylist()) / n),
+        reward_mean=all_rewards.mean().item(),
+        reward_std=all_rewards.std().item() if all_rewards.numel() > 1 else 0.0,
+        equal_reward_group_share=equal_reward_group_share(all_rewards, group_size),
+        trained_rows=n,
+        minibatch_size=minibatch,
+        dropped_rows=rollouts.num_rows - n,
+        dropped_groups=(rollouts.num_rows - n) // group_size,
+        truncated_share=float(sum(rollouts["truncated"].to_pylist()) / rollouts.num_rows),
         world_size=world,
         mixed_precision=accelerator.mixed_precision,
         carried_optimizer_state=optimizer_state is not None,

@@ -33,7 +33,7 @@ def materialized(micro_template, tmp_path_factory):
         results = {}
         for asset in (assets.raw_data, assets.prompts):
             with build_asset_context() as context:
-                results[asset.key.to_user_string()] = asset(context, params=params)
+                results[asset.key.to_user_string()] = list(asset(context, params=params))[0]  # then its guards' results
     return project, results
 
 

@@ -42,8 +42,8 @@ def run_raw_data(assets, project: Path):
         patch.setenv("DAGSTER_HOME", str(project / ".dagster"))
         for name in ("DVC_STAGE", "RL_ASSETS_DVC_COMMIT", "RL_ASSETS_DVC", "RL_ASSETS_SET"):
             patch.delenv(name, raising=False)
-        with build_asset_context() as context:
-            return assets.raw_data(context, params=ParamsResource(path="params.yaml", overrides=[]))
+        with build_asset_context() as context:  # the body yields its materialization (and guards), then may raise
+            return list(assets.raw_data(context, params=ParamsResource(path="params.yaml", overrides=[])))[0]
 
 
 def snapshot(project: Path) -> dict[str, bytes]:
@@ -118,5 +118,5 @@ def test_chat_template_on_a_tokenizer_without_one_stops_prompts_and_writes_nothi
     with pytest.MonkeyPatch.context() as patch, build_asset_context() as context:
         patch.chdir(project)
         with pytest.raises(ChatTemplateError, match=r"^prompts\.chat_template: the policy tokenizer \(\w+\) has no chat template"):
-            assets.prompts(context, params=ParamsResource(path="params.yaml", overrides=[]))
+            list(assets.prompts(context, params=ParamsResource(path="params.yaml", overrides=[])))
     assert snapshot(project) == before

@@ -1,4 +1,4 @@
-"""Asset checks on a fake two-round graph: the real check definitions, assets that only stand in for the real ones.
+"""Asset checks on a fake two-round graph: the real guards, evaluated the way the real assets do, by stand-in assets.
 
 The stand-in assets write nothing; the files come from ops_support's fake project, so a test sets
 up exactly the metric or table it means to break and watches what Dagster runs after it.
@@ -7,7 +7,7 @@ up exactly the metric or table it means to break and watches what Dagster runs a
 from __future__ import annotations
 
 import pytest
-from dagster import AssetCheckSeverity, AssetKey, asset, materialize
+from dagster import AssetCheckSeverity, AssetKey, MaterializeResult, asset, materialize
 
 from conftest import import_pipelines
 from ops_support import GOOD_METRICS, make_fake_project
@@ -16,11 +16,14 @@ ROUNDS = 2
 
 
 def stand_ins(rounds: int) -> list:
-    """No-op assets with the real graph's keys and dependencies."""
+    """Assets with the real graph's keys, dependencies and guards, which write nothing and only run their guards."""
+    checks = import_pipelines("pipelines.checks")
+
     def stand_in(key: str, deps: list[str]):
-        @asset(key=AssetKey(key.split("/")), deps=[AssetKey(d.split("/")) for d in deps])
-        def _asset():
-            return None
+        @asset(key=AssetKey(key.split("/")), deps=[AssetKey(d.split("/")) for d in deps], check_specs=checks.guard_specs(key),
+               required_resource_keys={"params"})
+        def _asset(context):
+            yield from checks.guarded(key, context.resources.params.load(), MaterializeResult())
         return _asset
 
     graph = {"raw_data": [], "prompts": ["raw_data"], "r00/checkpoint": ["prompts"]}
@@ -33,11 +36,10 @@ def stand_ins(rounds: int) -> list:
 
 def run_checks(root, monkeypatch):
     """(materialized asset keys, {(asset, check): evaluation}) of one in-process run over the fake project."""
-    checks = import_pipelines("pipelines.checks")
     from pipelines.steps import ParamsResource
 
     monkeypatch.chdir(root)
-    result = materialize([*stand_ins(ROUNDS), *checks.asset_checks(ROUNDS)], resources={"params": ParamsResource(path=str(root / "params.yaml"))},
+    result = materialize(stand_ins(ROUNDS), resources={"params": ParamsResource(path=str(root / "params.yaml"))},
                          raise_on_error=False)
     materialized = {e.asset_key.to_user_string() for e in result.get_asset_materialization_events()}
     evaluations = {(e.asset_check_evaluation_data.asset_key.to_user_string(), e.asset_check_evaluation_data.check_name): e.asset_check_evaluation_data

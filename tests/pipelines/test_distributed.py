@@ -11,7 +11,7 @@ from dagster import AssetKey, DagsterInstance
 
 from conftest import copy_project, python
 from rl_assets.checkpoints import read_lineage
-from rl_assets.storage import content_hash, file_hash
+from rl_assets.storage import file_hash
 
 pytestmark = pytest.mark.e2e
 
@@ -106,7 +106,7 @@ def test_dagster_step_under_torchrun_reports_once_from_rank_0(trained, tmp_path)
     assert difference <= ATOL, f"max |w_torchrun - w_dagster_torchrun| = {difference:.3g}"
     with DagsterInstance.from_config(str(project / ".dagster")) as instance:
         latest = instance.get_latest_materialization_event(AssetKey(["r01", "checkpoint"]))
-        assert latest.asset_materialization.tags["dagster/data_version"] == content_hash(checkpoint)
+        assert latest.asset_materialization.tags["dagster/data_version"] == read_lineage(checkpoint)["checkpoint_id"]
         logs = instance.all_logs(latest.run_id)
         reported = [e for e in logs if e.dagster_event is not None and e.dagster_event.is_step_materialization]
         assert len(reported) == 1

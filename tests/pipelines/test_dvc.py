@@ -66,9 +66,9 @@ def test_params_change_reruns_only_that_stage_and_dagster_materializations_keep_
     params["rewards"]["functions"][0]["weight"] = 2.0
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
 
-    # only the stage reading `rewards` is out of date; the rollouts stay
+    # only the stages reading `rewards` are out of date (evaluation scores with them too); the rollouts stay
     changed = status(project)
-    assert list(changed) == ["r01-rewards"]
+    assert sorted(changed) == ["evaluation", "r01-rewards"]
     assert "rewards" in str(changed["r01-rewards"])
     dry = dvc(["repro", "--dry", "--force-downstream"], project, timeout=300)
     assert ran_stages(dry.stdout) == ["r01-rewards", "r01-checkpoint", "evaluation"]
@@ -83,7 +83,7 @@ def test_params_change_reruns_only_that_stage_and_dagster_materializations_keep_
     assert lock["r01-rewards"]["params"]["params.yaml"]["rewards"]["functions"][0]["weight"] == 2.0
     changed = status(project)
     assert "r01-rewards" not in changed
-    assert list(changed) == ["r01-checkpoint"]
+    assert sorted(changed) == ["evaluation", "r01-checkpoint"]
 
     # and DVC reruns exactly what depends on the new rewards
     repro = dvc(["repro"], project, timeout=900)

@@ -11,7 +11,7 @@ from dagster import PipesSubprocessClient, materialize
 from safetensors.torch import load_file
 
 from conftest import MICRO_OUTPUTS, TABLES, copy_project, import_pipelines, micro_params, python
-from rl_assets.checkpoints import LINEAGE_FILE, read_lineage, weights_hash
+from rl_assets.checkpoints import LINEAGE_FILE, checkpoint_id, read_lineage, weights_hash
 from rl_assets.schemas import read_table, reward_function_names, rewards_schema, write_table
 from rl_assets.storage import content_hash, file_hash
 
@@ -64,9 +64,12 @@ def test_every_output_exists_and_reads_back(pipeline):
 
 
 def test_data_versions_are_content_hashes(pipeline):
+    """Tables: their MD5 (what DVC records); checkpoints: their id, the weights' hash computed once when saved."""
     project, events = pipeline
     for key, materialization in events.items():
-        assert materialization.tags["dagster/data_version"] == content_hash(project / MICRO_OUTPUTS[key]), key
+        path = project / MICRO_OUTPUTS[key]
+        expected = checkpoint_id(path) if key.endswith("checkpoint") else content_hash(path)
+        assert materialization.tags["dagster/data_version"] == expected, key
 
 
 def test_rollouts_name_the_checkpoint_that_sampled_them(pipeline):
@@ -111,6 +114,21 @@ def test_evaluation_has_every_checkpoint_in_both_modes(pipeline):
         assert ids[f"r{n:02d}/checkpoint"] == read_lineage(project / f"data/r{n:02d}/checkpoint")["checkpoint_id"]
 
 
+def test_each_checkpoint_is_evaluated_once_by_the_step_that_made_it(pipeline):
+    project, events = pipeline
+    table = read_table(project / MICRO_OUTPUTS["evaluation"], "evaluation").to_pylist()
+    for n in range(ROUNDS + 1):
+        key = f"r{n:02d}/checkpoint"
+        shown = {name: getattr(value, "value", value) for name, value in events[key].metadata.items()}
+        for row in (r for r in table if r["checkpoint"] == key):  # the same numbers on the checkpoint as in the table
+            assert shown[f"heldout_{row['mode']}_accuracy"] == row["accuracy"], key
+            assert shown[f"heldout_{row['mode']}_pass_at_k"] == row["pass_at_k"], key
+    ids = {read_lineage(project / f"data/r{n:02d}/checkpoint")["checkpoint_id"] for n in range(ROUNDS + 1)}
+    kept = sorted((project / "data/evaluations").glob("*.json"))
+    assert {path.name.split("-")[0] for path in kept} == ids and len(kept) == ROUNDS + 1
+    assert getattr(events["evaluation"].metadata["checkpoints_evaluated_before"], "value", None) == ROUNDS + 1  # none evaluated twice
+
+
 def test_materialization_metadata(pipeline):
     project, events = pipeline
     meta = {key: {name: getattr(value, "value", value) for name, value in m.metadata.items()} for key, m in events.items()}
@@ -128,7 +146,8 @@ def test_materialization_metadata(pipeline):
     assert {"loss", "clip_fraction", "grad_norm", "steps", "reward_mean", "reward_std"} <= set(train)
     assert train["reward_mean"] == pytest.approx(meta["r01/rewards"]["reward_mean"], rel=1e-6)
     assert train["grad_norm"] > 0
-    assert train == pytest.approx(read_lineage(project / MICRO_OUTPUTS["r01/checkpoint"])["metrics"])
+    trained = {k: v for k, v in train.items() if not k.startswith("heldout_")}  # the held-out evaluation is not a training metric
+    assert trained == pytest.approx(read_lineage(project / MICRO_OUTPUTS["r01/checkpoint"])["metrics"])
 
     assert "parameters" in meta["r00/checkpoint"]
     assert {f"r{n:02d}_{mode}_accuracy" for n in range(ROUNDS + 1) for mode in ("greedy", "sampled")} <= set(meta["evaluation"])

@@ -9,7 +9,6 @@ from dagster import PipesSubprocessClient, materialize
 from conftest import REPO, import_pipelines, python
 from ops_support import make_fake_project
 from rl_assets.checkpoints import read_lineage
-from rl_assets.storage import content_hash
 
 
 def test_promoted_model_asset_promotes_the_best_checkpoint(tmp_path, monkeypatch):
@@ -25,7 +24,7 @@ def test_promoted_model_asset_promotes_the_best_checkpoint(tmp_path, monkeypatch
     metadata = {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
     assert metadata["promoted"] is True and metadata["source"] == "r01/checkpoint"
     assert metadata["checkpoint_id"] == read_lineage(root / "data/r01/checkpoint")["checkpoint_id"]
-    assert event.materialization.tags["dagster/data_version"] == content_hash(root / "models/promoted")
+    assert event.materialization.tags["dagster/data_version"] == read_lineage(root / "models/promoted")["checkpoint_id"]
     assert json.loads((root / "models/promoted/model_card.json").read_text())["source"] == "r01/checkpoint"
 
 

@@ -54,20 +54,20 @@ def pa_table(rows):
     return pa.Table.from_pylist(rows, schema=ROLLOUTS)
 
 
-def stored_rollouts(project):
-    """A stand-in for the rollouts asset: records the stored table's hash as its data version."""
+def stored_rollouts(project, code_version: str | None = None):
+    """A stand-in for the rollouts asset: records the stored table's hash as its data version (and the real asset's code version)."""
 
-    @asset(key=ROLLOUTS_KEY, deps=[AssetKey(["r00", "checkpoint"]), AssetKey("prompts")])  # the real asset's deps
+    @asset(key=ROLLOUTS_KEY, deps=[AssetKey(["r00", "checkpoint"]), AssetKey("prompts")], code_version=code_version)  # the real asset's deps
     def rollouts() -> MaterializeResult:
         return MaterializeResult(data_version=DataVersion(file_hash(project / "data" / "r01" / "rollouts.parquet")))
 
     return rollouts
 
 
-def trained_checkpoint():
+def trained_checkpoint(code_version: str | None = None):
     """A stand-in for r01/checkpoint (no training): what follows the rewards, with the real asset's deps."""
 
-    @asset(key=CHECKPOINT_KEY, deps=[REWARDS_KEY, ROLLOUTS_KEY, AssetKey(["r00", "checkpoint"])])
+    @asset(key=CHECKPOINT_KEY, deps=[REWARDS_KEY, ROLLOUTS_KEY, AssetKey(["r00", "checkpoint"])], code_version=code_version)
     def checkpoint() -> MaterializeResult:
         return MaterializeResult(data_version=DataVersion("weights"))
 
@@ -81,10 +81,11 @@ def resources(modules):
 def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(project):
     path, modules = project
     instance = DagsterInstance.ephemeral()
-    assert materialize([stored_rollouts(path)], instance=instance).success
     before = modules["rounds"].round_assets(1)
+    versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
+    assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
-    assert materialize([trained_checkpoint()], instance=instance).success
+    assert materialize([trained_checkpoint(versions[CHECKPOINT_KEY])], instance=instance).success
     rollouts_event = instance.get_latest_materialization_event(ROLLOUTS_KEY)
     resolver = get_stale_status_resolver(instance, before)
     assert {resolver.get_status(k) for k in (ROLLOUTS_KEY, REWARDS_KEY, CHECKPOINT_KEY)} == {StaleStatus.FRESH}
@@ -114,6 +115,28 @@ def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(pro
     assert read_table(path / "data" / "r01" / "rewards.parquet", "rewards")["reward"].to_pylist() == [2.0, 0.0, 2.0, 0.0]
     tags = instance.get_latest_materialization_event(REWARDS_KEY).asset_materialization.tags
     assert tags["dagster/code_version"] == after[1].code_versions_by_key[REWARDS_KEY] != before[1].code_versions_by_key[REWARDS_KEY]
+
+
+def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstream(project):
+    path, modules = project
+    (path / "my_rewards.py").write_text("def exact(completions, answer, **kwargs):\n"
+                                        "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
+    write_params(path, rewards={"functions": [{"name": "my_rewards:exact", "weight": 1.0}]})
+    instance = DagsterInstance.ephemeral()
+    before = modules["rounds"].round_assets(1)
+    versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
+    assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
+    assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
+    assert get_stale_status_resolver(instance, before).get_status(REWARDS_KEY) == StaleStatus.FRESH
+
+    (path / "my_rewards.py").write_text((path / "my_rewards.py").read_text().replace("c.strip() == a", "a in c"))  # the regex edit of the issue
+    after = modules["rounds"].round_assets(1)
+    resolver = get_stale_status_resolver(instance, after)
+    assert resolver.get_status(REWARDS_KEY) == StaleStatus.STALE
+    assert [c.category for c in resolver.get_stale_causes(REWARDS_KEY)] == [StaleCauseCategory.CODE]
+    assert resolver.get_status(ROLLOUTS_KEY) == StaleStatus.FRESH
+    assert after[0].code_versions_by_key[ROLLOUTS_KEY] == versions[ROLLOUTS_KEY]
+    assert after[2].code_versions_by_key[CHECKPOINT_KEY] == versions[CHECKPOINT_KEY]  # training code is not the reward's
 
 
 def test_no_reward_model_asset_unless_configured(project):

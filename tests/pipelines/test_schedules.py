@@ -44,13 +44,13 @@ def test_schedule_takes_cron_and_switch_from_params(tmp_path):
         assert isinstance(on.evaluate_tick(context).run_requests[0], RunRequest)
 
 
-def test_code_location_has_the_triggers_off_by_default_and_checks_on_every_asset():
+def test_code_location_has_the_triggers_off_by_default_and_guards_on_every_asset():
     defs = import_pipelines("pipelines.definitions").defs
     assert defs.resolve_schedule_def("retrain_schedule").default_status == DefaultScheduleStatus.STOPPED
     assert defs.resolve_sensor_def("raw_data_sensor").default_status == DefaultSensorStatus.STOPPED
     graph = defs.resolve_asset_graph()
     checked = {key.asset_key.to_user_string() for key in graph.asset_check_keys}
     assert checked == {k.to_user_string() for k in graph.get_all_asset_keys()} - {"promoted_model"}
-    blocking = {(c.asset_key.to_user_string(), c.name) for d in defs.asset_checks for c in d.check_specs if c.blocking}
+    blocking = {(key.asset_key.to_user_string(), key.name) for key in graph.asset_check_keys if graph.get_check_spec(key).blocking}
     assert ("r01/checkpoint", "kl_within_limit") in blocking and ("r01/rewards", "reward_not_regressed") not in blocking
     assert defs.resolve_job_def("rl_pipeline").tags["rl_assets/writes"] == "data"

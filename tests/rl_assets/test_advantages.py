@@ -1,4 +1,4 @@
-"""advantages.py: GRPO, RLOO and REINFORCE++ advantages against naive loops, and the share of signal-free groups."""
+"""advantages.py: GRPO, RLOO and REINFORCE++ advantages against naive loops, and the signal-free groups (their share, the rows left)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,8 @@ import re
 import pytest
 import torch
 
-from rl_assets.advantages import equal_reward_group_share, group_advantages, reinforce_pp_advantages, rloo_advantages
+from rl_assets.advantages import (equal_reward_group_share, equal_reward_groups, group_advantages, informative_rows, reinforce_pp_advantages,
+                                  rloo_advantages)
 
 
 def std(values: list[float]) -> float:
@@ -127,3 +128,25 @@ def test_equal_reward_group_share_matches_a_naive_count():
     expected = sum(len(set(g)) == 1 for g in groups) / len(groups)
     assert 0 < expected < 1
     assert equal_reward_group_share(rewards, 4) == pytest.approx(expected)
+
+
+def test_informative_rows_match_a_naive_loop():
+    rewards = torch.randint(0, 2, (60 * 4,), generator=torch.Generator().manual_seed(3)).float()
+    rewards[8:12] = 0.5  # equal but neither 0 nor 1
+    expected = [len(set(rewards[i - i % 4 : i - i % 4 + 4].tolist())) > 1 for i in range(len(rewards))]
+    assert 0 < sum(expected) < len(expected)
+    assert informative_rows(rewards, 4).tolist() == expected
+    assert equal_reward_groups(rewards, 4).tolist() == [not e for e in expected[::4]]
+
+
+def test_groups_of_one_are_all_equal():
+    assert not informative_rows(torch.tensor([1.0, 0.0, 3.0]), 1).any()
+
+
+@pytest.mark.parametrize("estimator", [lambda r, g: group_advantages(r, g, scale="group"), lambda r, g: group_advantages(r, g, scale="batch"),
+                                       rloo_advantages, reinforce_pp_advantages], ids=["group", "batch", "rloo", "reinforce_pp"])
+def test_the_rows_left_out_are_exactly_those_with_zero_advantage(estimator):
+    """What makes dropping them free: every estimator gives the rows of all-equal groups advantage 0, and no other row."""
+    rewards = torch.tensor([1.0, 1.0, 0.0, 1.0, 0.0, 0.0, 0.3, 0.7, 2.0, 2.0])
+    advantages = estimator(rewards, 2)
+    assert ((advantages.abs() < 1e-6) == ~informative_rows(rewards, 2)).all()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import yaml
 
 from ops_support import GOOD_METRICS, make_fake_project
 from rl_assets import promotion
@@ -57,11 +58,61 @@ def test_only_a_better_model_replaces_the_promoted_one_and_rollback_restores_it(
     assert json.loads((root / "models/promoted/model_card.json").read_text())["previous"] == first
 
     event = promotion.rollback(root / "models")
-    assert event == {"event": "rollback", "checkpoint_id": first, "replaced": better["checkpoint_id"]}
+    assert event == {"event": "rollback", "checkpoint_id": first, "replaced": better["checkpoint_id"], "experiment": "default"}
     assert weights_hash(root / "models/promoted") == first
     assert [e["event"] for e in promotion.history(root / "models")] == ["promote", "promote", "rollback"]
     with pytest.raises(ValueError, match="nothing to roll back to"):
         promotion.rollback(root / "models")
+
+
+def write_experiment(root, name: str, **promotion_keys) -> None:
+    """Make the project's params belong to experiment `name` (other data, in the issue's story)."""
+    params = yaml.safe_load((root / "params.yaml").read_text())
+    params["experiment"] = name
+    if promotion_keys:
+        params["promotion"] = {**params.get("promotion", {}), **promotion_keys}
+    (root / "params.yaml").write_text(yaml.safe_dump(params))
+
+
+def test_another_experiment_promotes_into_its_own_directory_and_leaves_the_default_one(tmp_path, monkeypatch):
+    root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.5})
+    first = promote_once(root, monkeypatch)["checkpoint_id"]
+    make_fake_project(tmp_path, sampled={0: 0.1, 1: 0.2, 2: 0.3}, seed=1)
+    write_experiment(root, "word-problems")
+    other = promote_once(root, monkeypatch)
+    assert other["promoted"] and other["checkpoint_id"] != first
+    assert weights_hash(root / "models/promoted") == first  # the default experiment's model is untouched
+    own = root / "models/experiments/word-problems"
+    assert weights_hash(own / "promoted") == other["checkpoint_id"]
+    assert json.loads((own / "promoted/model_card.json").read_text())["experiment"] == "word-problems"
+    assert [e["experiment"] for e in promotion.history(own)] == ["word-problems"]
+    assert [e["experiment"] for e in promotion.history(root / "models")] == ["default"]
+
+
+def test_a_model_of_another_experiment_is_never_promoted_over_in_a_shared_directory(tmp_path, monkeypatch):
+    root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.5})
+    first = promote_once(root, monkeypatch)["checkpoint_id"]
+    make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.9}, seed=1)  # much better, but on other data
+    write_experiment(root, "word-problems", directory="models")
+    kept = promote_once(root, monkeypatch)
+    assert not kept["promoted"] and kept["checkpoint_id"] == first
+    assert "experiment 'default'" in kept["reason"] and "own promotion.directory" in kept["reason"]
+    assert len(promotion.history(root / "models")) == 1
+
+
+def test_rollback_never_restores_a_model_of_another_experiment_without_being_told(tmp_path, monkeypatch):
+    root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.5})
+    first = promote_once(root, monkeypatch)["checkpoint_id"]
+    # the first model was promoted by another experiment (as before experiments were recorded, in the issue's story)
+    card_path = root / "models/versions" / first / "model_card.json"
+    card_path.write_text(json.dumps({**json.loads(card_path.read_text()), "experiment": "arithmetic"}))
+    make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.45, 2: 0.7}, seed=2)
+    better = promote_once(root, monkeypatch)["checkpoint_id"]
+    with pytest.raises(ValueError, match=r"belongs to experiment 'arithmetic', not 'default'.*--allow-other-experiment"):
+        promotion.rollback(root / "models", "default")
+    assert weights_hash(root / "models/promoted") == better
+    event = promotion.rollback(root / "models", "default", allow_other_experiment=True)
+    assert event["restored_experiment"] == "arithmetic" and weights_hash(root / "models/promoted") == first
 
 
 def test_a_promoted_model_from_another_evaluation_is_evaluated_again(tmp_path, monkeypatch):

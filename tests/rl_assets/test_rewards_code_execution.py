@@ -1,49 +1,63 @@
-"""rewards/code_execution.py and rewards/sandbox.py: tests pass and fail as they should, and hostile programs
-score 0 while the host stays as it was (no leftover process, no file touched, no connection made)."""
+"""rewards/code_execution.py, rewards/judge.py and rewards/sandbox.py: tests pass and fail as they should, the
+sandbox is what it claims, and without one nothing runs. Hostile programs: test_sandbox_hostile.py."""
 
 from __future__ import annotations
 
+import json
 import os
-import socket
+import platform
+import shutil
+import subprocess
+import sys
 import tempfile
-import time
+import textwrap
 from pathlib import Path
 
 import pytest
 
-from rl_assets.rewards.code_execution import HARNESS, code_execution, extract_program, run_tests
-from rl_assets.rewards.sandbox import Limits, run_sandboxed, sandbox_mode
+from rl_assets.rewards.code_execution import code_execution, extract_program, judge_program, run_tests
+from rl_assets.rewards.sandbox import AUDIT_ARCHES, Limits, run_sandboxed
 
-ROOT = os.geteuid() == 0
+REPO = Path(__file__).resolve().parents[2]
 FAST = Limits(cpu_seconds=2, memory_mb=512, wall_seconds=5)
-
-
-def sandbox_processes() -> list[int]:
-    """Processes running under a sandbox uid (the launcher picks them in [2**30, 2**31))."""
-    found = []
-    for entry in Path("/proc").iterdir():
-        try:
-            uid_line = next(line for line in (entry / "status").read_text().splitlines() if line.startswith("Uid:"))
-        except (OSError, StopIteration):
-            continue
-        if 1 << 30 <= int(uid_line.split()[1]) < 1 << 31:
-            found.append(int(entry.name))
-    return found
+ADD = "def add(a, b):\n    return a + b\n"
 
 
 @pytest.mark.parametrize("program,tests,expected", [
     ("def f(x):\n    return x * 2\n", ["assert f(2) == 4", "assert f(0) == 0", "assert f(-1) == -2"], 1.0),
     ("def f(x):\n    return x + 2\n", ["assert f(2) == 4", "assert f(0) == 0", "assert f(-1) == -2"], 1 / 3),
     ("def f(x):\n    raise ValueError\n", ["assert f(2) == 4"], 0.0),
-    ("syntax error here", ["assert True"], 0.0),
-    ("import sys\nsys.exit(0)\n", ["assert False"], 0.0),  # exiting early is not a pass
-    ("import os\nos._exit(0)\n", ["assert True"], 0.0),
-    ("print('0 0')\nprint('pass')\n", ["assert False"], 0.0),  # printing what a pass looks like is not one
-    ("import glob\nfor f in glob.glob('*'):\n    print(open(f).read())\n", ["assert False"], 0.0),  # the nonce is in no file
+    ("syntax error here", ["assert True"], 0.0),  # a program that does not run passes nothing
+    ("import sys\nsys.exit(0)\n", ["assert True"], 0.0),
     ("print(sum(map(int, input().split())))", [{"input": "1 2\n", "output": "3"}, {"input": "5 5", "output": "10\n"}], 1.0),
     ("print(int(input()) + 1)", [{"input": "1", "output": "3"}, {"input": "2", "output": "3"}], 0.5),
     ("print('a  \\nb')", [{"input": "", "output": "a\nb\n\n"}], 1.0),  # trailing whitespace is ignored
     ("def f():\n    return 1\nprint(f())", ["assert f() == 1", {"input": "", "output": "1"}], 1.0),
+    # call-style cases: the JSON output against the returned value, tuples read as lists
+    (ADD, [{"call": "add", "args": [1, 2], "output": 3}, {"call": "add", "args": [1], "kwargs": {"b": 5}, "output": 6}], 1.0),
+    ("def pair(a):\n    return (a, [a])\n", [{"call": "pair", "args": [1], "output": [1, [1]]}, {"call": "pair", "args": [1], "output": [1, 1]}], 0.5),
+    (ADD, [{"call": "sub", "args": [1, 2], "output": -1}], 0.0),  # a function the program does not define
+    # what the judge's handles and plain values must support for ordinary tests to pass
+    (ADD, ["def check(candidate):\n    assert candidate(1, 2) == 3\n    assert candidate(-1, 1) == 0\n\ncheck(add)\n"], 1.0),  # HumanEval
+    ("class Solution:\n    def twoSum(self, xs, t):\n        return [0, 1]\n", ["assert Solution().twoSum([2, 7], 9) == [0, 1]"], 1.0),
+    ("class Stack:\n    def __init__(self):\n        self.items = []\n    def push(self, x):\n        self.items.append(x)\n"
+     "    def pop(self):\n        return self.items.pop()\n    def __len__(self):\n        return len(self.items)\n",
+     ["s = Stack()\ns.push(1)\ns.push(2)\nassert len(s) == 2\nassert s.pop() == 2\nassert s.items == [1]"], 1.0),
+    ("def sort_in_place(xs):\n    xs.sort()\n", ["xs = [3, 1, 2]\nsort_in_place(xs)\nassert xs == [1, 2, 3]"], 1.0),  # mutations come back
+    ("def gen(n):\n    yield from range(n)\n", ["assert list(gen(3)) == [0, 1, 2]"], 1.0),
+    ("def f(x):\n    if x < 0:\n        raise ValueError('negative')\n    return x\n",
+     ["try:\n    f(-1)\nexcept ValueError:\n    pass\nelse:\n    raise AssertionError", "assert f(2) == 2"], 1.0),
+    ("import math\ndef area(r):\n    return math.pi * r * r\n", ["assert math.isclose(area(1), 3.14159, rel_tol=1e-4)"], 1.0),  # math: the judge's own
+    ("def f():\n    return (1, 2), {3}, {4: 'x'}, b'y', 2 + 1j, None, float('inf')\n",
+     ["assert f() == ((1, 2), {3}, {4: 'x'}, b'y', 2 + 1j, None, float('inf'))"], 1.0),
+    ("def big():\n    return 7 ** 9000\n", ["assert big() == 7 ** 9000"], 1.0),  # past Python's 4300-digit str limit
+    ("LIMIT = 10\n", ["assert LIMIT == 10"], 1.0),  # a plain global is its value
+    ("TABLE = list(range(200000))\n", ["assert TABLE[3] == 3 and len(TABLE) == 200000"], 1.0),  # a big one a handle
+    ("def f():\n    return list(range(300000))\n", ["assert f()[-1] == 299999"], 1.0),  # a big return value comes whole
+    ("def f():\n    return 1\nif __name__ == '__main__':\n    input()\n", ["assert f() == 1"], 1.0),  # a main block does not run for asserts
+    ("def write():\n    open('scratch.txt', 'w').write('x')\ndef read():\n    return open('scratch.txt').read()\n",
+     ["write()", "assert read() == 'x'"], 1.0),  # the program's working directory is writable and lasts the run
+    ("def f(x):\n    return x\n", ["import math", "assert f(math.e) == math.e"], 1.0),  # tests share one namespace
 ])
 def test_run_tests(program, tests, expected):
     assert run_tests(program, tests, FAST) == pytest.approx(expected)
@@ -61,192 +75,150 @@ def test_extract_program(completion, program):
 def test_code_execution_reads_tests_per_row_and_skips_rows_without():
     completions = ["def sq(x): return x * x", "def sq(x): return x + x", "def sq(x): return x * x"]
     tests = [["assert sq(3) == 9", "assert sq(2) == 4"], ["assert sq(3) == 9", "assert sq(2) == 4"], []]
-    assert code_execution(completions, tests=tests, prompt=["p"] * 3) == [1.0, 0.5, None]
+    assert code_execution(completions, tests=tests, prompt=["p"] * 3, workers=2) == [1.0, 0.5, None]
     assert code_execution(["x"], prompt=["p"]) == [None]
 
 
-def test_bad_test_case_shape_is_an_error():
-    with pytest.raises(ValueError, match="a test case is a statement or"):
-        run_tests("x = 1", [{"stdin": "1"}], FAST)
+@pytest.mark.parametrize("test", [{"stdin": "1"}, {"input": 1, "output": "1"}, {"call": "f", "output": 1}, {"call": "f", "args": 1, "output": 1}, 3])
+def test_bad_test_case_shape_is_an_error(test):
+    with pytest.raises(ValueError, match="a test case is a statement"):
+        run_tests("x = 1", [test], FAST)
 
 
-# --- hostile programs ---------------------------------------------------------------------------
+@pytest.mark.parametrize("options,message", [({"cpu_seconds": 0}, "cpu_seconds must be a positive integer, got 0"),
+                                             ({"cpu_seconds": 2.5}, "cpu_seconds must be a positive integer, got 2.5"),
+                                             ({"memory_mb": -1}, "memory_mb must be a positive integer"),
+                                             ({"wall_seconds": 0}, "wall_seconds must be a positive number")])
+def test_bad_limits_are_an_error_not_a_silent_zero(options, message):
+    with pytest.raises(ValueError, match=message):
+        code_execution([ADD], tests=[["assert add(1, 2) == 3"]], **options)
 
 
-def run_hostile(program: str, limits: Limits = FAST) -> tuple[float, float]:
-    started = time.monotonic()
-    score = code_execution([program], tests=[["assert DONE"]], cpu_seconds=limits.cpu_seconds, memory_mb=limits.memory_mb,
-                           wall_seconds=limits.wall_seconds)[0]
-    return score, time.monotonic() - started
+def test_the_judge_counts_each_test_once_and_keeps_passes_before_a_hang():
+    program = "import time\ndef f(x):\n    if x == 2:\n        time.sleep(60)\n    return x\n"
+    tests = [{"code": "assert f(1) == 1"}, {"code": "assert f(1) == 1"}, {"code": "assert f(2) == 2"}, {"code": "assert f(3) == 3"}]
+    assert judge_program(program, tests, Limits(cpu_seconds=2, wall_seconds=3)) == 2
 
 
-def test_sandbox_mode_on_this_machine():
-    assert sandbox_mode() == ("namespaces" if ROOT else "audit")
+# --- the sandbox as the program sees it -----------------------------------------------------------
+
+SELF_REPORT = """
+import json, os, resource, socket, stat
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+mounts = {line.split()[1]: line.split()[3].split(",") for line in open("/proc/self/mounts")}
+names = ("RLIMIT_CPU", "RLIMIT_AS", "RLIMIT_NPROC", "RLIMIT_FSIZE", "RLIMIT_NOFILE", "RLIMIT_CORE")
+limits = {name: resource.getrlimit(getattr(resource, name))[0] for name in names}
+cwd_files = sorted(os.listdir("."))
+writable = {}
+for folder in ("/", "/usr", "/etc", "/dev", "/proc", "/tmp", "/dev/shm", "/sandbox"):
+    try:
+        open(os.path.join(folder, "probe"), "w").close()
+        writable[folder] = True
+    except OSError:
+        writable[folder] = False
+print(json.dumps({"uid": os.getuid(), "gid": os.getgid(), "groups": os.getgroups(), "no_new_privs": status["NoNewPrivs"].strip(),
+                  "cap_eff": status["CapEff"].strip(), "cap_bnd_is_full": status["CapBnd"].strip() == "000001ffffffffff",
+                  "seccomp": status["Seccomp"].strip(), "pids": sorted(int(p) for p in os.listdir("/proc") if p.isdigit()),
+                  "interfaces": [name for _, name in socket.if_nameindex()], "root": sorted(os.listdir("/")), "etc": sorted(os.listdir("/etc")),
+                  "cwd": os.getcwd(), "cwd_files": cwd_files, "hostname": socket.gethostname(), "env": dict(os.environ),
+                  "usr": mounts["/usr"], "limits": limits, "writable": writable, "sid": os.getsid(0)}))
+"""
 
 
-def test_infinite_loop_hits_the_cpu_limit():
-    score, seconds = run_hostile("while True:\n    pass\nDONE = True")
-    assert score == 0.0 and seconds < FAST.wall_seconds + 3
-
-
-def test_sleeping_program_hits_the_wall_clock_timeout():
-    score, seconds = run_hostile("import time\ntime.sleep(600)\nDONE = True", Limits(cpu_seconds=2, wall_seconds=2))
-    assert score == 0.0 and seconds < 8
-
-
-def test_huge_allocation_fails_inside_the_sandbox():
-    score, seconds = run_hostile("x = bytearray(64 * 2**30)\nx[-1] = 1\nDONE = True")
-    assert score == 0.0 and seconds < 10
-
-
-@pytest.mark.skipif(not ROOT, reason="without root the sandbox cannot give the program a uid of its own")
-def test_fork_bomb_is_bounded_and_every_process_is_gone_afterwards():
-    bomb = ("import os, time\n"
-            "for _ in range(200):\n"
-            "    try:\n"
-            "        if os.fork() == 0:\n"
-            "            os.setsid()\n"  # leave the process group: only the uid sweep can find these
-            "            time.sleep(600)\n"
-            "    except OSError:\n"
-            "        pass\n"
-            "DONE = len(os.listdir('/proc')) > 1000\n")
-    assert sandbox_processes() == []
-    score, seconds = run_hostile(bomb, Limits(cpu_seconds=2, wall_seconds=3))
-    assert score == 0.0 and seconds < 20
-    assert sandbox_processes() == []
-
-
-def test_fork_bomb_count_is_capped_by_rlimit_nproc():
-    program = ("import os, time\nchildren = 0\n"
-               "for _ in range(100):\n"
-               "    try:\n"
-               "        pid = os.fork()\n"
-               "    except OSError:\n"
-               "        break\n"
-               "    if pid == 0:\n"
-               "        time.sleep(30)\n"
-               "        os._exit(0)\n"
-               "    children += 1\n"
-               "print('children', children)\n")
-    outcome = run_sandboxed({"main.py": program}, ["main.py"], limits=Limits(max_processes=8, wall_seconds=5))
-    children = int(outcome.stdout.split()[-1])
-    assert children < 8 if ROOT else children < 100
-    assert sandbox_processes() == []
-
-
-@pytest.fixture
-def victim():
-    """A world-writable folder with a world-writable file, outside any sandbox: file permissions alone would not save it."""
-    folder = Path(tempfile.mkdtemp(prefix="rl-assets-victim-"))
-    target = folder / "precious.txt"
-    target.write_text("keep me")
-    folder.chmod(0o777)
-    target.chmod(0o666)
-    yield folder
-    for path in folder.iterdir():
-        path.unlink()
-    folder.rmdir()
-
-
-@pytest.mark.skipif(not ROOT, reason="the read-only mounts need the namespaces mode")
-def test_file_deletion_and_writes_outside_the_working_directory_fail(victim):
-    marker = f"rl-assets-escape-{os.getpid()}"
-    program = (f"import os, shutil\n"
-               f"done = 0\n"
-               f"for action in (lambda: os.remove({str(victim / 'precious.txt')!r}), lambda: shutil.rmtree({str(victim)!r}),\n"
-               f"               lambda: open({str(victim / 'new.txt')!r}, 'w').write('x')):\n"
-               f"    try:\n"
-               f"        action()\n"
-               f"        done += 1\n"
-               f"    except OSError:\n"
-               f"        pass\n"
-               f"for folder in ('/tmp', '/dev/shm', '/var/tmp'):\n"  # allowed, but only into private scratch space
-               f"    open(os.path.join(folder, {marker!r}), 'w').write('x')\n"
-               f"DONE = done > 0\n")
-    score, _ = run_hostile(program)
-    assert score == 0.0
-    assert (victim / "precious.txt").read_text() == "keep me"
-    assert sorted(p.name for p in victim.iterdir()) == ["precious.txt"]
-    for folder in ("/tmp", "/dev/shm", "/var/tmp"):
-        assert not Path(folder, marker).exists(), folder
-
-
-def test_the_working_directory_is_writable_and_removed_afterwards():
-    before = set(Path(tempfile.gettempdir()).glob("rl-assets-sandbox-*"))
-    assert run_tests("open('scratch.txt', 'w').write('x')\nimport os\n", ["assert open('scratch.txt').read() == 'x'"], FAST) == 1.0
-    assert set(Path(tempfile.gettempdir()).glob("rl-assets-sandbox-*")) == before
-
-
-@pytest.fixture
-def listener():
-    server = socket.socket()
-    server.bind(("127.0.0.1", 0))
-    server.listen(4)
-    server.settimeout(0.5)
-    yield server
-    server.close()
-
-
-def connect_program(port: int) -> str:
-    return (f"import socket\n"
-            f"try:\n"
-            f"    s = socket.create_connection(('127.0.0.1', {port}), timeout=2)\n"
-            f"    s.sendall(b'leak')\n"
-            f"    DONE = True\n"
-            f"except OSError:\n"
-            f"    DONE = False\n")
-
-
-def assert_no_connection(server):
-    with pytest.raises(socket.timeout):
-        server.accept()
-
-
-def test_socket_to_the_host_is_refused(listener):
-    score, _ = run_hostile(connect_program(listener.getsockname()[1]))
-    assert score == 0.0
-    assert_no_connection(listener)
-
-
-def test_socket_is_refused_in_audit_mode_too(listener):
-    program = connect_program(listener.getsockname()[1]) + "print('connected' if DONE else 'refused')\n"
-    outcome = run_sandboxed({"solution.py": program, "harness.py": HARNESS}, ["harness.py", "io"], limits=FAST, mode="audit")
-    assert outcome.stdout.strip() == "refused", outcome
-    assert_no_connection(listener)
-
-
-@pytest.fixture
-def host_unix_socket():
-    """A world-writable Unix socket under /run, where host services keep theirs (dbus, databases)."""
-    folder = Path(tempfile.mkdtemp(prefix="rl-assets-test-", dir="/run"))
-    folder.chmod(0o777)
-    server = socket.socket(socket.AF_UNIX)
-    server.bind(str(folder / "service.sock"))
-    (folder / "service.sock").chmod(0o777)
-    server.listen(4)
-    server.settimeout(0.5)
-    yield folder / "service.sock", server
-    server.close()
-    (folder / "service.sock").unlink()
-    folder.rmdir()
-
-
-@pytest.mark.skipif(not ROOT, reason="hiding the host's socket files needs the namespaces mode (and /run needs root)")
-def test_no_unix_socket_of_the_host_is_reachable(host_unix_socket):
-    path, server = host_unix_socket
-    program = ("import os, socket\nreached = []\n"
-               f"for top in ('/run', '/var/run', '/tmp', '/var/tmp', '/dev', '/home', '/srv', '/var/lib', {str(path.parent)!r}):\n"
-               "    for folder, _, names in os.walk(top):\n"
-               "        for name in names:\n"
-               "            try:\n"
-               "                client = socket.socket(socket.AF_UNIX)\n"
-               "                client.settimeout(1)\n"
-               "                client.connect(os.path.join(folder, name))\n"
-               "                reached.append(os.path.join(folder, name))\n"
-               "            except OSError:\n"
-               "                pass\n"
-               "print(reached)\n")
-    outcome = run_sandboxed({"main.py": program}, ["main.py"], limits=Limits(wall_seconds=20, cpu_seconds=10))
+def test_the_sandbox_is_what_the_docstring_says():
+    limits = Limits(cpu_seconds=3, memory_mb=700, max_processes=9, file_size_mb=5, open_files=40, wall_seconds=10)
+    outcome = run_sandboxed({"main.py": SELF_REPORT}, ["main.py"], limits=limits)
     assert outcome.returncode == 0, outcome.stderr
-    assert outcome.stdout.strip() == "[]"
-    assert_no_connection(server)
+    seen = json.loads(outcome.stdout)
+    assert (seen["uid"], seen["gid"]) == (1000, 1000)  # the same whether we are root or not
+    assert seen["no_new_privs"] == "1" and seen["cap_eff"] == "0000000000000000"
+    assert seen["seccomp"] == ("2" if platform.machine() in AUDIT_ARCHES else "0")  # 2: a filter is on
+    assert seen["pids"] == [1]  # its own PID namespace, of which it is the init
+    assert seen["sid"] in seen["pids"]  # --new-session: its session leader is inside (an outside one reads as 0), no terminal of ours
+    assert seen["interfaces"] == ["lo"]  # no network but its own loopback
+    assert set(seen["root"]) <= {"bin", "dev", "etc", "lib", "lib32", "lib64", "libx32", "proc", "sandbox", "sbin", "tmp", "usr"}
+    assert seen["etc"] == ["ld.so.cache"]  # no passwd, no hosts, no resolv.conf
+    assert seen["cwd"] == "/sandbox" and seen["cwd_files"] == ["main.py"]
+    assert seen["hostname"] == "sandbox"
+    assert seen["env"] == {"PATH": "/usr/local/bin:/usr/bin:/bin", "HOME": "/sandbox", "TMPDIR": "/tmp", "LANG": "C.UTF-8", "PWD": "/sandbox"}
+    assert {"ro", "nosuid", "nodev"} <= set(seen["usr"])  # setuid binaries are plain binaries here
+    assert seen["limits"] == {"RLIMIT_CPU": 3, "RLIMIT_AS": 700 << 20, "RLIMIT_NPROC": 9, "RLIMIT_FSIZE": 5 << 20, "RLIMIT_NOFILE": 40,
+                              "RLIMIT_CORE": 0}
+    assert seen["writable"] == {"/": False, "/usr": False, "/etc": False, "/dev": False, "/proc": False, "/tmp": True, "/dev/shm": True,
+                                "/sandbox": True}
+
+
+def test_a_run_leaves_nothing_behind_on_the_host():
+    name = f"rl-assets-left-behind-{os.getpid()}"
+    program = f"for folder in ('/tmp', '/sandbox', '/dev/shm'):\n    open(folder + '/{name}', 'w').write('x')\n"
+    assert run_sandboxed({"main.py": program}, ["main.py"], limits=FAST).returncode == 0
+    assert [folder for folder in ("/tmp", "/dev/shm", "/sandbox") if Path(folder, name).exists()] == []
+
+
+# --- no sandbox, no run -------------------------------------------------------------------------------
+
+NO_SANDBOX_SCRIPT = """
+import json, sys
+from rl_assets.rewards.code_execution import code_execution
+from rl_assets.rewards.sandbox import SandboxUnavailable
+print(json.dumps(code_execution(["x"], tests=[None])))  # nothing to run: no sandbox needed
+try:
+    code_execution(["open({marker!r}, 'w').write('ran')\\nDONE = True"], tests=[["assert DONE"]])
+except SandboxUnavailable as error:
+    print(error)
+"""
+
+
+@pytest.fixture
+def bin_dir():
+    """A PATH folder that the uid setpriv drops to can read too (pytest's tmp_path is root's alone)."""
+    folder = Path(tempfile.mkdtemp(prefix="rl-assets-bin-"))
+    folder.chmod(0o755)
+    yield folder
+    shutil.rmtree(folder)
+
+
+def run_without_sandbox(tmp_path: Path, bin_dir: Path, fake_bwrap: str | None) -> tuple[str, Path]:
+    """Run code_execution with a PATH that lacks bwrap (or has a fake one); the program would leave a marker if it ran."""
+    (bin_dir / "setpriv").symlink_to(shutil.which("setpriv"))
+    if fake_bwrap is not None:
+        (bin_dir / "bwrap").write_text(fake_bwrap)
+        (bin_dir / "bwrap").chmod(0o755)
+    marker = tmp_path / "ran"
+    done = subprocess.run([sys.executable, "-c", NO_SANDBOX_SCRIPT.format(marker=str(marker))], capture_output=True, text=True,
+                          env={"PATH": str(bin_dir)}, cwd=REPO, timeout=120)
+    assert done.returncode == 0, done.stderr
+    return done.stdout, marker
+
+
+def test_without_bwrap_the_reward_refuses_to_run_and_says_what_to_install(tmp_path, bin_dir):
+    output, marker = run_without_sandbox(tmp_path, bin_dir, None)
+    first, second = output.strip().splitlines()
+    assert first == "[null]"
+    assert "never runs them bare" in second and "bubblewrap (bwrap) is not on PATH" in second and "apt-get install bubblewrap" in second
+    assert not marker.exists()
+
+
+def test_when_bwrap_cannot_create_namespaces_the_reward_says_so(tmp_path, bin_dir):
+    refusing = ("#!/bin/sh\necho 'bwrap: No permissions to creating new namespace, likely because the kernel does not allow "
+                "non-privileged user namespaces.' >&2\nexit 1\n")  # what bwrap says where they are off
+    output, marker = run_without_sandbox(tmp_path, bin_dir, refusing)
+    assert "bwrap cannot create its namespaces here (bwrap: No permissions to creating new namespace" in output
+    assert "unprivileged user namespaces must be allowed" in output
+    assert not marker.exists()
+
+
+def test_the_reward_modules_need_only_the_standard_library():
+    """The unprivileged runs in test_sandbox_hostile.py load them under the system's python3."""
+    code = textwrap.dedent("""
+        import sys, types
+        for name, path in (("rl_assets", "rl_assets"), ("rl_assets.rewards", "rl_assets/rewards")):
+            module = types.ModuleType(name)
+            module.__path__ = [path]
+            sys.modules[name] = module
+        import rl_assets.rewards.code_execution, rl_assets.rewards.judge
+        print(sorted(m for m in sys.modules if m.split(".")[0] in {"pyarrow", "pydantic", "torch", "yaml", "numpy"}))
+    """)
+    done = subprocess.run(["/usr/bin/python3", "-I", "-c", code], capture_output=True, text=True, cwd=REPO, timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "[]"

@@ -162,6 +162,86 @@ def test_warmup_and_schedule_shape_the_learning_rate(rollouts):
     assert rates[-1] == 0.0 and all(a >= b for a, b in zip(rates[1:], rates[2:]))  # ... then decay linearly to 0
 
 
+# --- dropping groups whose rewards are all equal ---------------------------------------------------
+
+
+DROP = TRAIN.model_copy(update={"drop_equal_reward_groups": True})
+
+
+@pytest.fixture(scope="module")
+def four_groups():
+    """Four prompts x two samples from a fresh tiny policy (seed 0)."""
+    prompts = prompts_table([("1+2=", "3"), ("4+4=", "8"), ("7*3=", "21"), ("9-5=", "4")])
+    params = RolloutsParams(prompts_per_round=4, samples_per_prompt=2, max_new_tokens=4, temperature=TEMPERATURE)
+    return sample_rollouts(new_tiny_model(0), build_tiny_tokenizer(), prompts, params, round_number=1, seed=0, policy_id="p0",
+                           prompts_hash="h", progress=False)
+
+
+def same_weights(a, b) -> bool:
+    first, second = a.state_dict(), b.state_dict()
+    return all(torch.equal(first[k], second[k]) for k in first)
+
+
+@pytest.mark.parametrize("beta", [0.0, 0.1])
+def test_dropping_changes_nothing_when_every_group_has_signal(rollouts, beta):
+    params = TRAIN.model_copy(update={"beta": beta, "epochs": 2, "minibatch_size": 2})
+    reference = new_tiny_model(0) if beta else None
+    off, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0], params, ref_model=reference)
+    on, _, metrics = train(rollouts, [1.0, 0.0, 0.5, 0.0], params.model_copy(update={"drop_equal_reward_groups": True}), ref_model=reference)
+    assert same_weights(off, on)
+    assert metrics["dropped_rows"] == 0 and metrics["trained_rows"] == 4 and metrics["minibatch_size"] == 2
+
+
+@pytest.mark.parametrize("algorithm,loss_type", [("grpo", "grpo"), ("grpo", "dapo"), ("reinforce_pp", "bnpo")])
+def test_dropping_trains_exactly_as_a_table_of_the_informative_groups(four_groups, algorithm, loss_type):
+    """Groups 1 and 3 are all equal: the update is that of a table without them, KL penalty and normalisation included,
+    in minibatches halved with the table, so the round keeps its optimizer steps."""
+    totals = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.0, 0.0]
+    params = TRAIN.model_copy(update={"algorithm": algorithm, "loss_type": loss_type, "beta": 0.1, "epochs": 2, "minibatch_size": 4})
+    run = lambda table, scores, p: train_on_rollouts(new_tiny_model(0), table, rewards_for(table, scores), p, group_size=2,  # noqa: E731
+                                                     temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4, ref_model=new_tiny_model(0),
+                                                     progress=False)
+    dropped, metrics, history, _ = run(four_groups, totals, params.model_copy(update={"drop_equal_reward_groups": True}))
+    informative, _, expected_history, _ = run(four_groups.take([0, 1, 4, 5]), [1.0, 0.0, 0.0, 1.0], params.model_copy(update={"minibatch_size": 2}))
+    everything, all_metrics, _, _ = run(four_groups, totals, params)
+    assert same_weights(dropped, informative)
+    assert [h["loss"] for h in history] == [h["loss"] for h in expected_history]
+    assert not same_weights(dropped, everything)  # the KL term and the normalisation of the all-equal rows are gone
+    assert metrics["steps"] == all_metrics["steps"] == 4 and metrics["minibatch_size"] == 2 and metrics["trained_rows"] == 4
+    assert metrics["dropped_rows"] == 4 and metrics["dropped_groups"] == 2
+    assert metrics["equal_reward_group_share"] == 0.5 and metrics["reward_mean"] == pytest.approx(4 / 8)  # the whole round's rewards
+
+
+def test_the_shrunk_minibatch_still_splits_into_micro_batches(four_groups):
+    params = DROP.model_copy(update={"minibatch_size": 4, "gradient_accumulation_steps": 2})
+    totals = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.0]  # one group of four all equal: 4 x 6/8 = 3 completions, rounded down to 2
+    model, metrics, _, _ = train_on_rollouts(new_tiny_model(0), four_groups, rewards_for(four_groups, totals), params, group_size=2,
+                                             temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4, progress=False)
+    assert metrics["minibatch_size"] == 2 and metrics["steps"] == 3 and metrics["dropped_groups"] == 1
+    assert not same_weights(model, new_tiny_model(0))
+
+
+def test_a_round_with_every_group_dropped_keeps_the_weights_and_the_optimizer_state(rollouts):
+    from rl_assets.guards import entropy_not_collapsed
+
+    params = DROP.model_copy(update={"lr_scheduler": "linear", "warmup_ratio": 0.5, "carry_optimizer_state": True, "learning_rate": 1e-3})
+    run = lambda model, totals, state=None: train_on_rollouts(model, rollouts, rewards_for(rollouts, totals), params, group_size=2,  # noqa: E731
+                                                              temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4,
+                                                              optimizer_state=state, progress=False)
+    flat = [1.0, 1.0, 0.0, 0.0]
+    model, metrics, history, nothing = run(new_tiny_model(0), flat)
+    assert same_weights(model, new_tiny_model(0)) and history == [] and nothing is None  # no moments to carry: the next round starts fresh
+    assert metrics["steps"] == 0 and metrics["trained_rows"] == 0 and metrics["dropped_groups"] == 2 and metrics["equal_reward_group_share"] == 1.0
+    assert "entropy" not in metrics and entropy_not_collapsed(metrics, 0.01)[2] == {"skipped": True}  # not failed on a mean of no tokens
+    # After a round that trains, a flat round hands the moments on untouched.
+    trained, _, _, moments = run(model, [1.0, 0.0, 0.5, 0.0])
+    weights = {k: v.clone() for k, v in trained.state_dict().items()}
+    kept, _, _, carried = run(trained, flat, moments)
+    assert all(torch.equal(weights[k], v) for k, v in kept.state_dict().items())
+    assert all(torch.equal(carried["state"][k]["exp_avg"], moments["state"][k]["exp_avg"]) and carried["state"][k]["step"] == 1
+               for k in moments["state"])
+
+
 # --- resume ----------------------------------------------------------------------------------------
 
 

@@ -1,0 +1,62 @@
+"""Which assets a run must materialize: those missing, stale or unguarded, and everything downstream of them.
+
+`rl-assets run` materializes only these (`--all` every asset), so a rerun with nothing changed
+does nothing, and a run that died continues from the first asset it did not finish. "Stale" is
+Dagster's own verdict (code version: the stage's code and params; data version: an upstream
+output changed since), the same change `dvc status` sees through dvc.lock. Two more reasons come
+from outside Dagster's view: an output deleted from disk, and an asset whose blocking guard never
+passed on its latest materialization (the run stopped there, or died before the check ran).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from dagster import AssetKey, DagsterInstance
+from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
+from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
+from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
+from dagster._time import get_current_datetime
+
+from rl_assets.paths import output_path
+
+
+def _output_on_disk(key: AssetKey, root: Path, promoted: Path) -> bool:
+    name = key.to_user_string()
+    return (promoted / "promoted").is_dir() if name == "promoted_model" else output_path(name, root).exists()
+
+
+def outdated_assets(instance: DagsterInstance, asset_graph, root: Path = Path("."), models: Path = Path("models")) -> dict[AssetKey, str]:
+    """{asset key: why it must run}, in flow order, for every executable asset that is not up to date."""
+    view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
+                          instance=instance, asset_graph=asset_graph)
+    resolver = CachingStaleStatusResolver(instance=instance, asset_graph=asset_graph, loading_context=view)
+    checks_of: dict[AssetKey, list] = {}
+    for check_key in asset_graph.asset_check_keys:
+        if asset_graph.get_check_spec(check_key).blocking:
+            checks_of.setdefault(check_key.asset_key, []).append(check_key)
+    latest_checks = instance.event_log_storage.get_latest_asset_check_execution_by_key([k for ks in checks_of.values() for k in ks])
+
+    reasons: dict[AssetKey, str] = {}
+    for key in asset_graph.toposorted_asset_keys:
+        node = asset_graph.get(key)
+        if not node.is_materializable or not node.is_executable:
+            continue
+        upstream = [parent for parent in node.parent_keys if parent in reasons]
+        event = instance.get_latest_materialization_event(key)
+        if event is None:
+            reasons[key] = "never materialized"
+        elif not _output_on_disk(key, root, models):
+            reasons[key] = "its output is missing on disk"
+        elif upstream:
+            reasons[key] = f"{upstream[0].to_user_string()} runs first"
+        elif resolver.get_status(key) == StaleStatus.STALE:
+            causes = resolver.get_stale_causes(key)
+            reasons[key] = f"stale: {causes[0].reason}" if causes else "stale"
+        else:
+            for check_key in checks_of.get(key, []):
+                record = latest_checks.get(check_key)
+                if record is None or record.run_id != event.run_id or record.status != AssetCheckExecutionRecordStatus.SUCCEEDED:
+                    reasons[key] = f"its blocking check {check_key.name} did not pass on its latest materialization"
+                    break
+    return reasons
