@@ -9,7 +9,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run test ui repro dvc-sync bench tensorboard browser sandbox serve clean
+.PHONY: setup run demo test ui repro dvc-sync bench tensorboard browser sandbox serve clean
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -33,6 +33,10 @@ $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 
 run: setup
 	$(PY) -m pipelines run
+
+# The one-minute try (examples/demo/params.yaml): the whole pipeline, smaller, with accuracy that moves.
+demo: setup
+	RL_ASSETS_PARAMS=examples/demo/params.yaml $(PY) -m pipelines run
 
 test: setup browser sandbox
 	$(PY) -m pytest -q
