@@ -112,12 +112,13 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
                 round_number: int | None = None) -> Iterator[MaterializeResult]:
     """Run one compute step in a child process (rank 0 reports metadata and the data version), then the asset's guards."""
     tag_run(context, params)
-    command = compute_command(stage, params, params.load().compute, round_number)
+    loaded = params.load()
+    command = compute_command(stage, params, loaded.compute, round_number)
     result = run_child(context, pipes, command, stage).get_materialize_result()
     _log_done(context, result.metadata or {})
     key = context.asset_key.to_user_string()
     record_in_dvc(context, key, params.path, params.overrides)
-    yield from guarded(key, params.load(), result)
+    yield from guarded(key, loaded, result)
 
 
 def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, command: list[str], stage: str):

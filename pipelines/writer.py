@@ -35,12 +35,18 @@ def cli_tags() -> dict[str, str]:
 
 
 def _describe(run, holder: dict | None = None) -> str:
-    tags = run.tags if run is not None else {}
-    how = f"`rl-assets` (pid {tags.get('rl_assets/pid')} on {tags.get('rl_assets/host')})" if tags.get(LAUNCHED_BY) == "cli" else \
-        tags.get("dagster/schedule_name") and f"schedule {tags['dagster/schedule_name']}" or \
-        tags.get("dagster/sensor_name") and f"sensor {tags['dagster/sensor_name']}" or "the UI or the daemon"
-    if run is None and holder:
-        return f"`rl-assets {holder.get('command', '')}` (pid {holder.get('pid')}), run not started yet"
+    """Which run writes, and who launched it (the lock holder's pid while its run is not started yet)."""
+    if run is None:
+        return f"`rl-assets {(holder or {}).get('command', '')}` (pid {(holder or {}).get('pid')}), run not started yet"
+    tags = run.tags
+    if tags.get(LAUNCHED_BY) == "cli":
+        how = f"`rl-assets` (pid {tags.get('rl_assets/pid')} on {tags.get('rl_assets/host')})"
+    elif tags.get("dagster/schedule_name"):
+        how = f"schedule {tags['dagster/schedule_name']}"
+    elif tags.get("dagster/sensor_name"):
+        how = f"sensor {tags['dagster/sensor_name']}"
+    else:
+        how = "the UI or the daemon"
     return f"run {run.run_id} ({run.status.value}, launched by {how})"
 
 

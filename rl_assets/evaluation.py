@@ -114,9 +114,10 @@ def evaluated(checkpoint: Path, params, root: Path, device: str, precision: str 
     model, tokenizer = load_policy(checkpoint, device, dtype=weights_dtype(precision))
     rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
                                autocast=compute_autocast(precision, device))
+    text = json.dumps(rows, default=list)
     with atomic_path(cached) as tmp:
-        tmp.write_text(json.dumps(rows, default=list) + "\n")
-    return json.loads(cached.read_text()), False
+        tmp.write_text(text + "\n")
+    return json.loads(text), False  # the same plain lists a later step reads back
 
 
 def heldout_metadata(rows: list[dict]) -> dict:

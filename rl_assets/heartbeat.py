@@ -17,7 +17,6 @@ older than the limit (`RL_ASSETS_HEARTBEAT_TIMEOUT`, default 300 s, or what the 
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import socket
@@ -106,17 +105,6 @@ class Heartbeat:
         done.update(ended=ended, seconds=round(ended - self.record["started"], 3), ok=kind is None)
         with open(self.path.parent.parent / STEPS_LOG, "a") as log:  # one short line per step: appends do not interleave
             log.write(json.dumps(done) + "\n")
-
-
-def beating(run_stage):
-    """Decorate `run_stage(stage, params, round_number, root)`: a heartbeat for as long as the step runs."""
-
-    @functools.wraps(run_stage)
-    def wrapper(stage, params, round_number, root):
-        with Heartbeat(Path(root), stage, round_number):
-            return run_stage(stage, params, round_number, root)
-
-    return wrapper
 
 
 def _alive(pid: int) -> bool:

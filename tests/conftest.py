@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib
+import json
 import os
 import shutil
 import subprocess
@@ -88,6 +89,11 @@ def dvc(args: list[str], project: Path, timeout: float, check: bool = True) -> s
     if not DVC.exists():
         pytest.skip(NO_DVC_REASON)
     return run([DVC, *args], project, timeout, check)
+
+
+def dvc_status(project) -> dict:
+    """`dvc status --json`: {stage: [changes]} for every stage that is not up to date."""
+    return json.loads(dvc(["status", "--json"], project, timeout=180).stdout or "{}")
 
 
 def _ignore(directory: str, names: list[str]) -> set[str]:

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import re
 
 import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance
 
-from conftest import MICRO_OUTPUTS, MICRO_STAGES, copy_project, dvc, python
+from conftest import MICRO_OUTPUTS, MICRO_STAGES, copy_project, dvc, dvc_status, python
 from rl_assets.storage import file_hash
 
 pytestmark = pytest.mark.e2e
@@ -17,11 +16,6 @@ pytestmark = pytest.mark.e2e
 
 def ran_stages(output: str) -> list[str]:
     return re.findall(r"Running stage '([^']+)'", output)
-
-
-def status(project) -> dict:
-    """`dvc status --json`: {stage: [changes]} for every stage that is not up to date."""
-    return json.loads(dvc(["status", "--json"], project, timeout=180).stdout or "{}")
 
 
 def test_repro_runs_every_stage_once_and_records_it(reproduced_project):
@@ -43,7 +37,7 @@ def test_second_repro_runs_nothing_and_status_is_clean(reproduced_project):
     assert (project / "dvc.lock").read_text() == lock
     done = dvc(["status"], project, timeout=180)
     assert "Data and pipelines are up to date" in done.stdout
-    assert status(project) == {}
+    assert dvc_status(project) == {}
 
 
 def test_repro_runs_show_up_in_the_dagster_instance(reproduced_project):
@@ -67,7 +61,7 @@ def test_params_change_reruns_only_that_stage_and_dagster_materializations_keep_
     params_path.write_text(yaml.safe_dump(params, sort_keys=False))
 
     # only the stages reading `rewards` are out of date (evaluation scores with them too); the rollouts stay
-    changed = status(project)
+    changed = dvc_status(project)
     assert sorted(changed) == ["evaluation", "r01-rewards"]
     assert "rewards" in str(changed["r01-rewards"])
     dry = dvc(["repro", "--dry", "--force-downstream"], project, timeout=300)
@@ -81,14 +75,14 @@ def test_params_change_reruns_only_that_stage_and_dagster_materializations_keep_
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
     assert lock["r01-rewards"]["outs"][0]["md5"] == rewards_after
     assert lock["r01-rewards"]["params"]["params.yaml"]["rewards"]["functions"][0]["weight"] == 2.0
-    changed = status(project)
+    changed = dvc_status(project)
     assert "r01-rewards" not in changed
     assert sorted(changed) == ["evaluation", "r01-checkpoint"]
 
     # and DVC reruns exactly what depends on the new rewards
     repro = dvc(["repro"], project, timeout=900)
     assert ran_stages(repro.stdout) == ["r01-checkpoint", "evaluation"]
-    assert status(project) == {}
+    assert dvc_status(project) == {}
 
     with DagsterInstance.from_config(str(project / ".dagster")) as instance:
         assert len(instance.get_runs()) == len(MICRO_STAGES) + 3

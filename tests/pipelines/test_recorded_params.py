@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from conftest import DVC, MICRO_OUTPUTS, NO_DVC_REASON, copy_project, dvc, micro_params, python
+from conftest import DVC, MICRO_OUTPUTS, NO_DVC_REASON, copy_project, dvc, dvc_status, micro_params, python
 from rl_assets.config import apply_override
 from rl_assets.schemas import table_lineage
 from rl_assets.storage import file_hash
@@ -20,11 +20,6 @@ from rl_assets.storage import file_hash
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not DVC.exists(), reason=NO_DVC_REASON)]
 
 OVERRIDE = "train.learning_rate=5.0e-3"
-
-
-def status(project) -> dict:
-    """`dvc status --json`: {stage: [changes]} for every stage that is not up to date."""
-    return json.loads(dvc(["status", "--json"], project, timeout=180).stdout or "{}")
 
 
 @pytest.fixture(scope="module")
@@ -57,7 +52,7 @@ def test_dvc_lock_records_the_params_the_run_used_not_params_yaml(other_run):
 
 def test_dvc_status_is_not_up_to_date_for_outputs_of_other_params(other_run):
     project, _ = other_run
-    changed = status(project)
+    changed = dvc_status(project)
     assert {"raw_data", "r01-checkpoint", "evaluation"} <= set(changed)  # count, learning_rate and rounds differ
     assert "train" in json.dumps(changed["r01-checkpoint"]) and "raw_data" in json.dumps(changed["raw_data"])
     assert "Data and pipelines are up to date" not in dvc(["status"], project, timeout=180).stdout
@@ -66,7 +61,7 @@ def test_dvc_status_is_not_up_to_date_for_outputs_of_other_params(other_run):
 def test_dvc_status_is_clean_once_params_yaml_holds_the_params_that_ran(other_run, tmp_path):
     project = copy_project(other_run[0], tmp_path / "project")
     (project / "params.yaml").write_text(yaml.safe_dump(other_run[1], sort_keys=False))
-    assert status(project) == {}
+    assert dvc_status(project) == {}
 
 
 def test_the_run_and_status_name_the_params_file_overrides_and_experiment(other_run):
@@ -97,7 +92,7 @@ def test_editing_a_user_reward_module_changes_only_the_stages_that_call_it(repro
     assert card["code"]["rewards"]["micro_rewards.py"] == recorded and "rl_assets/train.py" in card["code"]["train"]
 
     module.write_text(module.read_text().replace("isdigit()", "isalpha()"))
-    changed = status(project)
+    changed = dvc_status(project)
     assert set(changed) == {"r01-rewards", "evaluation"}  # evaluation scores held-out completions with the same rewards
     assert all("micro_rewards.py" in json.dumps(changes) for changes in changed.values())
 
@@ -114,8 +109,8 @@ def test_editing_a_module_a_stage_imports_marks_exactly_the_stages_that_import_i
     project = copy_project(reproduced_project["path"], tmp_path / "project")
     losses = project / "rl_assets" / "losses.py"  # imported by train.py only
     losses.write_text(losses.read_text() + "\n")
-    assert set(status(project)) == {"r01-checkpoint"}
+    assert set(dvc_status(project)) == {"r01-checkpoint"}
 
     compute = project / "rl_assets" / "compute.py"  # the compute steps' driver: r00's SFT, rollouts, training, evaluation
     compute.write_text(compute.read_text() + "\n")
-    assert set(status(project)) == {"r00-checkpoint", "r01-rollouts", "r01-checkpoint", "evaluation"}
+    assert set(dvc_status(project)) == {"r00-checkpoint", "r01-rollouts", "r01-checkpoint", "evaluation"}

@@ -32,7 +32,7 @@ def test_the_default_is_tensorboard_only(project):
 
 
 def test_mlflow_gets_one_run_per_pipeline_run_with_rounds_as_steps(project, tmp_path):
-    mlflow = pytest.importorskip("mlflow", reason="mlflow-skinny is the optional [mlflow] extra")
+    import mlflow  # the [mlflow] extra, part of dev
     from mlflow.tracking import MlflowClient
 
     store = f"sqlite:///{tmp_path / 'mlflow.db'}"  # a real local store (MLflow 3 retired the ./mlruns file store)
@@ -77,7 +77,6 @@ def wandb_records(path):
 
 
 def test_wandb_offline_run_files_hold_config_metrics_and_lineage(project, monkeypatch):
-    pytest.importorskip("wandb", reason="wandb is the optional [wandb] extra")
     monkeypatch.setenv("WANDB_SILENT", "true")
     params = params_with(project, backends=["wandb"], wandb_mode="offline")
     assert log_run(project, params, "dagster-run-7") == {"wandb": "dagster-run-7"}

@@ -7,14 +7,13 @@ import socket
 import subprocess
 import sys
 
-import pytest
 import yaml
 
 from conftest import REPO, python
 from rl_assets.deployment import manifests_text, serve_manifests
 from rl_assets.heartbeat import Heartbeat
 
-kubernetes = pytest.importorskip("kubernetes", reason="the kubernetes client comes with the optional [k8s] extra")
+import kubernetes  # noqa: E402  (through dagster-k8s, a dev dependency)
 
 
 def as_model(document: dict, kind: str):
@@ -63,7 +62,6 @@ print(json.dumps(None if probe is None else {"command": probe._exec.command, "pe
 
 
 def test_k8s_step_pods_get_a_heartbeat_liveness_probe():
-    pytest.importorskip("dagster_k8s")
     done = python(["-c", POD], REPO, timeout=180, RL_ASSETS_SET="compute.executor=k8s")
     probe = json.loads(done.stdout.strip().splitlines()[-1])
     assert probe == {"command": ["python", "-m", "rl_assets.heartbeat", "--this-host"], "period": 60}

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_assets.heartbeat import HEARTBEATS, Heartbeat, beating, running_steps, step_durations
+from rl_assets.heartbeat import HEARTBEATS, Heartbeat, running_steps, step_durations
 
 # A compute step stand-in: heartbeat every 50 ms, the main thread either blocked (hung) or computing on one line.
 STEP = """
@@ -67,19 +67,21 @@ def test_a_step_that_stops_beating_is_stale(tmp_path):
         assert not running_steps(tmp_path, timeout=60)[0]["stale"]
 
 
-def test_a_decorated_step_beats_while_it_runs_and_records_its_duration(tmp_path):
+def test_a_compute_step_beats_while_it_runs_and_records_its_duration(tmp_path, monkeypatch):
+    from rl_assets import compute
+
     seen = []
 
-    @beating
-    def run_stage(stage, params, round_number, root):
+    def step_body(stage, params, round_number, root):
         seen.append(running_steps(root))
         if stage == "bad":
             raise ValueError("boom")
         return {"rows": 1}, root
 
-    assert run_stage("evaluation", None, None, tmp_path) == ({"rows": 1}, tmp_path)
+    monkeypatch.setattr(compute, "_run_stage", step_body)
+    assert compute.run_stage("evaluation", None, None, tmp_path) == ({"rows": 1}, tmp_path)
     with pytest.raises(ValueError):
-        run_stage("bad", None, 2, tmp_path)
+        compute.run_stage("bad", None, 2, tmp_path)
     assert [s[0]["stage"] for s in seen] == ["evaluation", "bad"] and seen[0][0]["pid"] == os.getpid()
     assert running_steps(tmp_path) == []
     durations = step_durations(tmp_path)

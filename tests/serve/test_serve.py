@@ -19,7 +19,7 @@ from rl_assets.heartbeat import Heartbeat
 from rl_assets.serve import create_app
 from serve_support import make_served_project, running_server, status_command
 
-openai = pytest.importorskip("openai")
+import openai  # noqa: E402  (a dev dependency: make test installs it)
 
 RUN = {"run_id": "abc123", "status": "SUCCESS", "started": 1.0, "ended": 2.0}
 

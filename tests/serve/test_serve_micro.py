@@ -13,7 +13,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import REPO, copy_project, project_env, python
 from rl_assets.checkpoints import read_lineage
 
-openai = pytest.importorskip("openai")
+import openai  # noqa: E402  (a dev dependency: make test installs it)
 pytestmark = pytest.mark.e2e
 
 
