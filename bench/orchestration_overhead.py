@@ -3,7 +3,8 @@
     .venv/bin/python bench/orchestration_overhead.py [--params params.yaml]
 
 Both runs use the same params in fresh copies of the project and produce the same outputs; the
-ratio (pipeline / plain) is what Dagster, Pipes child processes and the per-step model loads cost.
+plain run is the loop a team would write by hand (one process, models kept loaded), so the ratio
+(pipeline / plain) is what Dagster, its step processes, Pipes and DVC's records cost on top.
 Both are measured in the same invocation, so the machine's load affects both.
 """
 
@@ -29,32 +30,28 @@ def make_project(params: Path) -> Path:
     return root
 
 
+# A hand-written loop over the same library calls: one process, the models kept in memory from round to round.
 PLAIN = """
-import sys
 from pathlib import Path
-from rl_assets import compute
 from rl_assets.config import load_params
+from rl_assets.loaded import Loaded
 from rl_assets.models import load_tokenizer
 from rl_assets.paths import output_path
 from rl_assets.prompts import build_prompts
 from rl_assets.raw_data import load_raw_data
-from rl_assets.rewards import score_rollouts
-from rl_assets.schemas import PROMPTS, RAW_DATA, read_table, reward_function_names, rewards_schema, write_table
-from rl_assets.storage import file_hash
+from rl_assets.schemas import PROMPTS, RAW_DATA, write_table
+from rl_assets.stages import run_stage
 
-params, root = load_params("params.yaml"), Path(".")
+params, root, loaded = load_params("params.yaml"), Path("."), Loaded()
 raw, _ = load_raw_data(params.raw_data, params.seed)
 write_table(raw, output_path("raw_data"), RAW_DATA, "raw_data")
 prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model))
 write_table(prompts, output_path("prompts"), PROMPTS, "prompts")
-compute.run_stage("sft", params, None, root)
+run_stage("sft", params, None, root, loaded)
 for n in range(1, params.rounds + 1):
-    compute.run_stage("rollouts", params, n, root)
-    source = output_path(f"r{n:02d}/rollouts")
-    rewards = score_rollouts(read_table(source, "rollouts"), params.rewards, file_hash(source))
-    write_table(rewards, output_path(f"r{n:02d}/rewards"), rewards_schema(reward_function_names(rewards)), "rewards")
-    compute.run_stage("train", params, n, root)
-compute.run_stage("evaluation", params, None, root)
+    for stage in ("rollouts", "rewards", "train"):
+        run_stage(stage, params, n, root, loaded)
+run_stage("evaluation", params, None, root, loaded)
 """
 
 
@@ -65,6 +62,10 @@ def timed(command: list[str], cwd: Path) -> float:
     if done.returncode:
         sys.exit(f"{' '.join(command[:4])} failed in {cwd}:\n{done.stderr[-3000:]}")
     return time.perf_counter() - started
+
+
+def checkpoint_ids(root: Path) -> list[str]:
+    return [json.loads(card.read_text())["checkpoint_id"] for card in sorted(root.glob("data/r*/checkpoint/lineage.json"))]
 
 
 def main() -> None:
@@ -78,7 +79,8 @@ def main() -> None:
         pipeline = timed([python, "-m", "pipelines", "run"], pipeline_root)
         same = [json.loads((root / "data/evaluation.json").read_text()) for root in (plain_root, pipeline_root)]
         print(json.dumps({"params": str(args.params), "plain_python_s": round(plain, 1), "dagster_pipeline_s": round(pipeline, 1),
-                          "overhead_ratio": round(pipeline / plain, 2), "same_evaluation": same[0] == same[1]}, indent=2))
+                          "overhead_ratio": round(pipeline / plain, 2), "same_evaluation": same[0] == same[1],
+                          "same_checkpoints": checkpoint_ids(plain_root) == checkpoint_ids(pipeline_root)}, indent=2))
     finally:
         shutil.rmtree(plain_root, ignore_errors=True)
         shutil.rmtree(pipeline_root, ignore_errors=True)

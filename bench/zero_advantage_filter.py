@@ -43,7 +43,7 @@ def main() -> None:
     os.chdir(REPO)  # the params' data paths are relative to the project
     import torch
 
-    from rl_assets.compute import quiet_step
+    from rl_assets.process import quiet_step
     from rl_assets.config import load_params
     from rl_assets.evaluation import eval_prompts, evaluate_checkpoint
     from rl_assets.models import load_base_model, load_policy

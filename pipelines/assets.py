@@ -126,7 +126,7 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[
     check_specs=guard_specs(checkpoint_key(0)),
 )
 def base_checkpoint(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
-    yield from run_compute(context, pipes, params, "sft")
+    yield from run_compute(context, pipes, params, [checkpoint_key(0)])
 
 
 def evaluation_asset(rounds: int):
@@ -144,6 +144,6 @@ def evaluation_asset(rounds: int):
         check_specs=guard_specs("evaluation"),
     )
     def evaluation(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
-        yield from run_compute(context, pipes, params, "evaluation")
+        yield from run_compute(context, pipes, params, ["evaluation"])
 
     return evaluation

@@ -145,7 +145,11 @@ def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -
         step = failure.dagster_event.step_key
         attempts = 1 + sum(e.dagster_event.step_key == step for e in of(DagsterEventType.STEP_RESTARTED))
         tried = f" (after {attempts} attempts)" if attempts > 1 else ""
-        lines.append(f"failed: {names.get(step, step)}{tried}: {_error_text(failure)}")
+        data = failure.dagster_event.event_specific_data.user_failure_data
+        meta = {k: getattr(v, "value", v) for k, v in (data.metadata if data is not None else {}).items()}
+        lines.append(f"failed: {meta.get('output') or names.get(step, step)}{tried}: {_error_text(failure)}")
+        if len(meta.get("not_written") or []) > 1:
+            lines.append(f"not written: {', '.join(meta['not_written'][1:])} (same step, after the failure)")
         if path := _log_path(instance, run_id, step, of(DagsterEventType.LOGS_CAPTURED)):
             logs.append(f"log of {names.get(step, step)}: {path}")
     run = instance.get_run_by_id(run_id)

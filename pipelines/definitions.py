@@ -3,27 +3,20 @@
 Loads without importing torch, transformers or trl (each UI reload and schedule tick loads it).
 """
 
-import warnings
-
-from dagster import AssetSelection, Definitions, PipesSubprocessClient, PreviewWarning, define_asset_job, multiprocess_executor
+from dagster import AssetSelection, Definitions, PipesSubprocessClient, define_asset_job, multiprocess_executor
 
 from pipelines.assets import base_checkpoint, evaluation_asset, prompts, raw_data
 from pipelines.promotion import promoted_model
 from pipelines.reward_model import reward_model_asset
-from pipelines.rounds import round_assets
+from pipelines.rounds import rounds_asset
 from pipelines.schedules import raw_data_sensor, retrain_schedule
 from pipelines.steps import ParamsResource, load_project_params
 
-# Dagster's own Pipes client reads this preview property on every compute step; the warning is not about our code.
-warnings.filterwarnings("ignore", message=r"Function `PipesMessageReader\.expected_writer_count` is currently in preview", category=PreviewWarning)
 
 PARAMS = load_project_params()
 ROUNDS = PARAMS.rounds
 
-assets = [raw_data, prompts, base_checkpoint]
-for n in range(1, ROUNDS + 1):
-    assets += round_assets(n)
-assets += [evaluation_asset(ROUNDS), promoted_model]
+assets = [raw_data, prompts, base_checkpoint, rounds_asset(ROUNDS), evaluation_asset(ROUNDS), promoted_model]
 if (reward_model := reward_model_asset()) is not None:  # only when params configure one
     assets.append(reward_model)
 if PARAMS.owners:  # who to ask about an asset, shown on every asset in the UI

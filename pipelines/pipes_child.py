@@ -1,10 +1,13 @@
-"""A compute step as a Dagster Pipes child process (what the compute assets launch).
+"""Compute outputs as a Dagster Pipes child process (what the compute assets launch).
 
-    python -m pipelines.pipes_child STAGE [--round N] [--params params.yaml] [--set k=v]
-    python -m torch.distributed.run --standalone --nproc_per_node=N -m pipelines.pipes_child train --round 1
+    python -m pipelines.pipes_child KEY [KEY ...] [--params params.yaml] [--set k=v]
+    python -m torch.distributed.run --standalone --nproc_per_node=N -m pipelines.pipes_child r01/checkpoint
 
-Rank 0 opens the Pipes session and reports the step's metadata and its output's content hash as the
-data version; other ranks only compute. Imports dagster_pipes (no Dagster), so the child stays light.
+Writes the outputs in flow order in this one process, the models kept loaded (rl_assets.resident).
+Rank 0 opens the Pipes session and reports each output the moment it is written: its metadata,
+its content hash as the data version, and its guards' verdicts as asset checks. A blocking guard
+that fails ends the child before the next output. Other ranks only compute. Imports
+dagster_pipes (no Dagster), so the child stays light.
 
 A step that raises says whether a retry could help. The child prints the traceback, then one line
 `error: <ExceptionType>: <message>` on stderr, writes that line and its verdict to
@@ -27,6 +30,8 @@ from pathlib import Path
 ERROR_DIR_ENV = "RL_ASSETS_ERROR_DIR"
 DETERMINISTIC_EXIT = 65  # sysexits EX_DATAERR: retrying cannot help
 TRANSIENT_EXIT = 75  # sysexits EX_TEMPFAIL: a retry may succeed
+GUARD_DESCRIPTION = "rl_assets/description"  # a guard's verdict text (report_asset_check takes no description)
+WRITING = "while writing "  # rl_assets.resident's note on an error: the output it was writing
 
 # RuntimeErrors raised by torch.distributed backends and CUDA when a peer, the network or the device fails.
 TRANSIENT_MESSAGE = re.compile(r"NCCL|\bgloo\b|timed out|timeout|connection (closed|reset|refused) by peer|"
@@ -82,12 +87,13 @@ def report_failure(error: BaseException) -> int:
     kind, line = classify(error), error_line(error)
     traceback.print_exception(error)
     print(f"error: {line}", file=sys.stderr, flush=True)
+    output = next((note.removeprefix(WRITING) for note in getattr(error, "__notes__", []) if note.startswith(WRITING)), None)
     if directory := os.environ.get(ERROR_DIR_ENV):
         rank = int(os.environ.get("RANK", "0"))
         record = Path(directory) / f"rank{rank}.json"
         try:
             partial = record.with_suffix(".partial")
-            partial.write_text(json.dumps({"kind": kind, "error": line, "type": type(error).__name__, "rank": rank}))
+            partial.write_text(json.dumps({"kind": kind, "error": line, "type": type(error).__name__, "rank": rank, "output": output}))
             partial.rename(record)
         except OSError as problem:  # the exit code still carries the verdict
             print(f"warning: could not write {record}: {problem}", file=sys.stderr)
@@ -106,15 +112,22 @@ def run(argv: list[str] | None = None) -> int:
     from dagster_pipes import open_dagster_pipes
 
     from rl_assets import compute
+    from rl_assets.process import quiet_step, start_distributed, stop_distributed
+    from rl_assets.resident import write_outputs
 
     args, params = compute.parse_args(argv, prog="python -m pipelines.pipes_child")
-    if compute.start_distributed(params) == 0:
+    quiet_step()
+    if start_distributed(params) == 0:
         with open_dagster_pipes() as pipes:  # an exception is also reported through Pipes (the run's event log)
-            metadata, output = compute.run_stage(args.stage, params, args.round, Path("."))
-            pipes.report_asset_materialization(metadata=metadata, data_version=data_version(output))
+            for output in write_outputs(args.outputs, params):
+                pipes.report_asset_materialization(asset_key=output.key, metadata=output.metadata, data_version=data_version(output.path))
+                for guard in output.guards:
+                    pipes.report_asset_check(check_name=guard.name, passed=guard.passed, severity="ERROR" if guard.blocking else "WARN",
+                                             metadata={**guard.metadata, GUARD_DESCRIPTION: guard.description}, asset_key=output.key)
     else:
-        compute.run_stage(args.stage, params, args.round, Path("."))
-    compute.stop_distributed()
+        for _ in write_outputs(args.outputs, params):
+            pass
+    stop_distributed()
     return 0
 
 

@@ -5,10 +5,12 @@ promoted before, so it is a decision with a history, not a reproducible output, 
 delete it before each rerun.
 """
 
+from typing import Iterator
+
 from dagster import AssetExecutionContext, AssetKey, MaterializeResult, PipesSubprocessClient, asset
 
 from pipelines.assets import COMPUTE_TAGS
-from pipelines.steps import ParamsResource, compute_command, tag_run
+from pipelines.steps import ParamsResource, run_compute
 
 
 @asset(
@@ -20,10 +22,7 @@ from pipelines.steps import ParamsResource, compute_command, tag_run
     description="The best evaluated checkpoint whose guards pass, copied to models/promoted/ with a model card, only when it "
                 "beats the current promoted model on the same evaluation; models/history.jsonl keeps every promotion and rollback.",
 )
-def promoted_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> MaterializeResult:
-    tag_run(context, params)
-    command = compute_command("promote", params, params.load().compute)
-    context.log.info("launching: %s", " ".join(command))
-    result = pipes.run(context=context, command=command, env={"PYTHONUNBUFFERED": "1"}).get_materialize_result()
-    context.log.info(f"promotion: {getattr(result.metadata['reason'], 'value', result.metadata['reason'])}")
-    return result
+def promoted_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
+    for result in run_compute(context, pipes, params, ["promoted_model"]):
+        context.log.info(f"promotion: {getattr(result.metadata['reason'], 'value', result.metadata['reason'])}")
+        yield result

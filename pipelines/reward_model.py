@@ -28,7 +28,7 @@ def reward_model_asset() -> AssetsDefinition | None:
         **stage_tracking("reward_model", ["seed", "reward_model"], [configured.preference_data]),
     )
     def reward_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
-        yield from run_compute(context, pipes, params, "reward_model")
+        yield from run_compute(context, pipes, params, ["reward_model"])
 
     return reward_model
 

@@ -11,24 +11,31 @@ from __future__ import annotations
 import functools
 import json
 import os
-import re
 import shutil
 import signal
+import subprocess
 import sys
 import tempfile
+import time
+import warnings
 from pathlib import Path
 from typing import Iterator
 
-from dagster import AssetExecutionContext, ConfigurableResource, DataVersion, Failure, MaterializeResult, PipesSubprocessClient
-from dagster._core.errors import DagsterInvalidPropertyError, DagsterPipesExecutionError  # the second: what PipesSubprocessClient raises for a non-zero exit; not exported
+from dagster import (AssetCheckResult, AssetExecutionContext, AssetKey, ConfigurableResource, DataVersion, Failure, MaterializeResult,
+                     PipesSubprocessClient, PreviewWarning, open_pipes_session)
+from dagster._core.errors import DagsterExecutionInterruptedError, DagsterInvalidPropertyError
 
-from pipelines.checks import guarded
+from pipelines.checks import check_result, guarded
 from pipelines.dvc import record_in_dvc
 from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
 from rl_assets.config import ComputeParams, Params, load_params
+from rl_assets.paths import dvc_stage_name, stage_of
 from rl_assets.storage import content_hash
 
-# SFT (HF Trainer) and GRPO training scale across processes; sampling and evaluation run in one.
+# Dagster's own Pipes session reads this preview property on every compute step; the warning is not about our code.
+warnings.filterwarnings("ignore", message=r"Function `PipesMessageReader\.expected_writer_count` is currently in preview", category=PreviewWarning)
+
+# SFT (HF Trainer) and GRPO training scale across processes; sampling, scoring and evaluation run in one.
 DISTRIBUTED_STAGES = {"sft", "train"}
 
 
@@ -83,58 +90,89 @@ def _parsed_params(path: str, overrides: tuple[str, ...], text: bytes, environme
     return load_params(path, list(overrides))
 
 
-def compute_command(stage: str, params: ParamsResource, compute: ComputeParams, round_number: int | None = None) -> list[str]:
-    """The child command of a compute step: `python -m pipelines.pipes_child …`, or the same under a launcher.
+def compute_command(keys: list[str], params: ParamsResource, compute: ComputeParams) -> list[str]:
+    """The child command that writes `keys`: `python -m pipelines.pipes_child KEY …`, or the same under a launcher.
 
-    torchrun when the step uses several processes (with c10d rendezvous across `nnodes` machines), or
+    torchrun when a training output uses several processes (with c10d rendezvous across `nnodes` machines), or
     `accelerate launch` with the user's config file (DeepSpeed, FSDP, …) when `compute.accelerate_config` is set.
     """
-    args = ["-m", "pipelines.pipes_child", stage, "--params", params.path]
-    if round_number is not None:
-        args += ["--round", str(round_number)]
+    args = ["-m", "pipelines.pipes_child", *keys, "--params", params.path]
     for override in params.overrides:
         args += ["--set", override]
-    if stage not in DISTRIBUTED_STAGES:
+    if not any(stage_of(key)[0] in DISTRIBUTED_STAGES for key in keys):
         return [sys.executable, *args]
     if compute.accelerate_config:
         return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", compute.accelerate_config,
                 "--num_processes", str(compute.nproc * compute.nnodes), "--num_machines", str(compute.nnodes), *args]
     if compute.nnodes > 1:
         rendezvous = ["--nnodes", str(compute.nnodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", compute.rdzv_endpoint,
-                      "--rdzv_id", f"rl-assets-{stage}-{round_number or 0}"]
+                      "--rdzv_id", f"rl-assets-{dvc_stage_name(keys[-1])}"]
         return [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={compute.nproc}", *args]
     if compute.nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={compute.nproc}", *args]
     return [sys.executable, *args]
 
 
-def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource, stage: str,
-                round_number: int | None = None) -> Iterator[MaterializeResult]:
-    """Run one compute step in a child process (rank 0 reports metadata and the data version), then the asset's guards."""
+def resident(compute: ComputeParams) -> bool:
+    """One child for all of a step's outputs: asked for (compute.resident) and possible (one process: see rl_assets.loaded)."""
+    return compute.resident and compute.nproc * compute.nnodes == 1 and not compute.accelerate_config
+
+
+def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource,
+                keys: list[str]) -> Iterator[MaterializeResult | AssetCheckResult]:
+    """Write `keys` in child processes, yielding each materialization and its guards' results the moment the child reports them.
+
+    One resident child writes them all (`resident`), else one child per output, each under its own launcher. Each
+    output is recorded in dvc.lock as it arrives. A child stopped by a failed blocking guard, or by an error that
+    would recur, fails the step without retries; a crash or a transient error fails it for the retry policy.
+    """
     tag_run(context, params)
     loaded = params.load()
-    command = compute_command(stage, params, loaded.compute, round_number)
-    result = run_child(context, pipes, command, stage).get_materialize_result()
-    _log_done(context, result.metadata or {})
-    key = context.asset_key.to_user_string()
-    record_in_dvc(context, key, params.path, params.overrides)
-    yield from guarded(key, loaded, result)
+    batches = [keys] if resident(loaded.compute) else [[key] for key in keys]
+    for batch in batches:
+        command = compute_command(batch, params, loaded.compute)
+        for result in run_child(context, pipes, command, batch):
+            if isinstance(result, AssetCheckResult):
+                yield check_result(result)
+                continue
+            key = result.asset_key.to_user_string()
+            _log_done(context, key, result.metadata or {})
+            record_in_dvc(context, key, params.path, params.overrides)
+            yield result
 
 
-def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, command: list[str], stage: str):
-    """Launch a Pipes child; a failed child raises what `step_failure` makes of its exit code and error records.
+def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, command: list[str], keys: list[str]) -> Iterator:
+    """Launch a Pipes child that writes `keys`; yield what it reports while it runs; a failed child then raises `step_failure`'s exception.
 
-    A child that failed with an error that would recur raises `Failure(allow_retries=False)` with the child's
-    own error line: the step fails once, whatever its retry policy. A dead or killed child, or a transient
-    error in it, raises `ComputeStepCrashed`, which the step's retry policy (if any) retries.
+    A child that failed with an error that would recur (a blocking guard included) raises `Failure(allow_retries=False)`
+    with the child's own error line: the step fails once, whatever its retry policy. A dead or killed child, or a
+    transient error in it, raises `ComputeStepCrashed`, which the step's retry policy (if any) retries.
     """
     context.log.info("launching: %s", " ".join(command))
     errors = Path(tempfile.mkdtemp(prefix="rl-assets-errors-"))
-    env = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", ERROR_DIR_ENV: str(errors)}
+    env = {**pipes.env, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", ERROR_DIR_ENV: str(errors)}
+    seen, written = 0, set()
     try:
-        return pipes.run(context=context, command=command, env=env)
-    except DagsterPipesExecutionError as error:
-        raise step_failure(stage, _returncode(error), _error_records(errors)) from None  # the child's error, not Pipes' exit-code wrapper
+        with open_pipes_session(context=context, context_injector=pipes.context_injector, message_reader=pipes.message_reader) as session:
+            process = subprocess.Popen(command, cwd=pipes.cwd, env={**os.environ, **env, **session.get_bootstrap_env_vars()})
+            try:
+                while process.poll() is None:
+                    reported = session.get_reported_results()
+                    for result in reported[seen:]:
+                        written.add(getattr(result, "asset_key", None))
+                        yield result
+                    seen = len(reported)
+                    time.sleep(0.2)
+            except (DagsterExecutionInterruptedError, GeneratorExit):  # the run was terminated: stop the child too, as Dagster's client does
+                process.send_signal(signal.SIGINT)
+                process.wait(timeout=pipes.termination_timeout_seconds)
+                raise
+        for result in session.get_reported_results()[seen:]:  # what arrived as the child ended (the reader is drained on exit)
+            written.add(getattr(result, "asset_key", None))
+            yield result
+        if process.returncode != 0:
+            not_written = [key for key in keys if AssetKey(key.split("/")) not in written]
+            raise step_failure(not_written[0] if not_written else keys[-1], process.returncode, _error_records(errors), not_written)
     finally:
         shutil.rmtree(errors, ignore_errors=True)
 
@@ -143,10 +181,15 @@ class ComputeStepCrashed(Exception):
     """A compute step's process died, was killed, or hit a transient error: a retry may succeed."""
 
 
-def step_failure(stage: str, returncode: int | None, records: list[dict]) -> Exception:
-    """The exception a failed compute step raises: `Failure(allow_retries=False)` when a retry cannot help."""
+def step_failure(stage: str, returncode: int | None, records: list[dict], not_written: list[str] | None = None) -> Exception:
+    """The exception a failed compute step raises: `Failure(allow_retries=False)` when a retry cannot help.
+
+    `stage` names what failed (the output the child was writing); `not_written` the outputs the step did not write.
+    """
     deterministic = [r for r in records if r.get("kind") == "deterministic"]
-    metadata = {"stage": stage, "exit_code": returncode if returncode is not None else "unknown"}
+    stage = next((r["output"] for r in records if r.get("output")), stage)
+    metadata = {"stage": stage, "output": stage, "exit_code": returncode if returncode is not None else "unknown",
+                **({"not_written": not_written} if not_written else {})}
     if deterministic:
         first = min(deterministic, key=lambda r: r.get("rank", 0))
         where = f" (rank {first['rank']})" if first.get("rank") else ""
@@ -176,11 +219,6 @@ def _exit_reason(returncode: int | None) -> str:
     return f"exited with code {returncode} without reporting an error (a crash outside Python, or a launcher's worker died)"
 
 
-def _returncode(error: DagsterPipesExecutionError) -> int | None:
-    found = re.search(r"failed with code (-?\d+)", str(error))
-    return int(found.group(1)) if found else None
-
-
 def _error_records(directory: Path) -> list[dict]:
     """What each rank of the child reported about its exception (pipes_child.report_failure)."""
     records = []
@@ -192,16 +230,16 @@ def _error_records(directory: Path) -> list[dict]:
     return records
 
 
-def _log_done(context: AssetExecutionContext, metadata: dict) -> None:
+def _log_done(context: AssetExecutionContext, key: str, metadata: dict) -> None:
     numbers = {k: getattr(v, "value", v) for k, v in metadata.items()}
     shown = ", ".join(f"{k}={v:.4g}" if isinstance(v, float) else f"{k}={v}" for k, v in numbers.items() if isinstance(v, (int, float)))
-    context.log.info(f"materialized {context.asset_key.to_user_string()}: {shown}")
+    context.log.info(f"materialized {key}: {shown}")
 
 
 def materialized(context: AssetExecutionContext, params: ParamsResource, path, metadata: dict) -> Iterator[MaterializeResult]:
     """Report an output written in this process, with its content hash as the data version, then the asset's guards."""
     tag_run(context, params)
-    _log_done(context, metadata)
     key = context.asset_key.to_user_string()
+    _log_done(context, key, metadata)
     record_in_dvc(context, key, params.path, params.overrides)
     yield from guarded(key, params.load(), MaterializeResult(metadata={"path": str(path), **metadata}, data_version=DataVersion(content_hash(path))))

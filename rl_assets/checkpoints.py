@@ -36,7 +36,6 @@ def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None
     """
     if lora is not None and lora.enabled and lora.merge:
         model = model.merge_and_unload()
-    model = model.cpu()
     _keep_only_token_ids_if_invalid(model)
     with atomic_path(path, is_dir=True) as tmp:
         model.save_pretrained(tmp)

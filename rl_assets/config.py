@@ -34,6 +34,8 @@ class ComputeParams(Section):
     accelerate_config: str = Field("", description="An Accelerate config file (DeepSpeed, FSDP, ...): steps then launch with `accelerate launch`.")
     gpu_memory_fraction: float = Field(1.0, gt=0, le=1, description="Cap on the share of each GPU's memory a step may allocate.")
     executor: Literal["multiprocess", "k8s"] = Field("multiprocess", description="Dagster executor: local processes, or one pod per step (dagster-k8s).")
+    resident: bool = Field(True, description="One child process writes all the round outputs a run asks for, models kept loaded; false: one "
+                                             "process per output (always so when nproc, nnodes or accelerate_config ask for several processes).")
 
     @model_validator(mode="after")
     def _check_nodes(self):

@@ -97,8 +97,11 @@ def evaluation_key(params, root: Path, precision: str = "no") -> str:
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def evaluated(checkpoint: Path, params, root: Path, device: str, precision: str = "no") -> tuple[list[dict], bool]:
-    """The checkpoint's evaluation rows, from data/evaluations when this evaluation of it was done before; (rows, reused)."""
+def evaluated(checkpoint: Path, params, root: Path, device: str, precision: str = "no", load=None) -> tuple[list[dict], bool]:
+    """The checkpoint's evaluation rows, from data/evaluations when this evaluation of it was done before; (rows, reused).
+
+    `load() -> (model, tokenizer)` gives the checkpoint's model when it is already in memory (rl_assets.loaded).
+    """
     from rl_assets.checkpoints import checkpoint_id
     from rl_assets.models import load_policy
     from rl_assets.paths import output_path
@@ -111,7 +114,7 @@ def evaluated(checkpoint: Path, params, root: Path, device: str, precision: str 
     if cached.is_file():
         return json.loads(cached.read_text()), True
     held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
-    model, tokenizer = load_policy(checkpoint, device, dtype=weights_dtype(precision))
+    model, tokenizer = load() if load is not None else load_policy(checkpoint, device, dtype=weights_dtype(precision))
     rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
                                autocast=compute_autocast(precision, device))
     text = json.dumps(rows, default=list)

@@ -214,21 +214,26 @@ def choose_prompts(prompts: pa.Table, count: int, round_number: int, seed: int) 
 
 
 def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams, *, round_number: int, seed: int,
-                    policy_id: str, prompts_hash: str, progress: bool = True, model_path: str | None = None, autocast=None) -> pa.Table:
+                    policy_id: str, prompts_hash: str, progress: bool = True, model_path: str | None = None, autocast=None,
+                    loaded=None) -> pa.Table:
     """The `ROLLOUTS` table of one round: G samples for each of B prompts from `model` (sampled by vLLM from `model_path` when chosen).
 
     The stored log-probs are recomputed by `model` in micro-batches of `logprob_batch_size` under
     `autocast`, the trainer's precision, so training's first ratio is 1 whichever engine sampled.
+    With `loaded` (rl_assets.loaded), the vLLM engine is kept there for the next round.
     """
-    from rl_assets.rollouts_vllm import generate_vllm, resolve_engine
+    from rl_assets.rollouts_vllm import VllmEngine, resolve_engine
 
     chosen = choose_prompts(prompts, params.prompts_per_round, round_number, seed)
     sample_seed = seed * 1000 + round_number
     G = params.samples_per_prompt
     device = str(next(model.parameters()).device)
     if model_path is not None and resolve_engine(params.engine, device) == "vllm":
-        result = generate_vllm(model_path, tokenizer, chosen["prompt"].to_pylist(), G, temperature=params.temperature, top_p=params.top_p,
-                               max_new_tokens=params.max_new_tokens, seed=sample_seed, eos_ids=eos_token_ids(model, tokenizer))
+        engine = loaded.engine if loaded is not None and loaded.engine is not None else VllmEngine(model_path, seed=sample_seed)
+        if loaded is not None:
+            loaded.engine = engine
+        result = engine.generate(model, policy_id, tokenizer, chosen["prompt"].to_pylist(), G, temperature=params.temperature,
+                                 top_p=params.top_p, max_new_tokens=params.max_new_tokens, seed=sample_seed, eos_ids=eos_token_ids(model, tokenizer))
     else:
         result = generate(model, tokenizer, chosen["prompt"].to_pylist(), G, greedy=False, temperature=params.temperature,
                           top_p=params.top_p, max_new_tokens=params.max_new_tokens, batch_size=params.batch_size,

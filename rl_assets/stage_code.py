@@ -1,7 +1,7 @@
 """Which code shapes each stage's output: the project modules it imports and the user's own modules.
 
 Each stage starts from a few entry points (a whole module, or `module.py:function` for one function
-of `compute.py`) and follows `rl_assets` imports from there by reading the source: nothing is
+of `stages.py`) and follows `rl_assets` imports from there by reading the source: nothing is
 imported, so the code location still loads without torch. An entry's imports count wherever they
 are; a module reached from it counts with its module-level imports only, because the imports
 inside functions are mostly for other stages (config.py imports the rewards to validate them, not
@@ -32,11 +32,11 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 STAGE_ENTRIES = {
     "raw_data": ["rl_assets/raw_data.py:load_raw_data", "rl_assets/raw_files.py", "rl_assets/raw_generators.py"],
     "prompts": ["rl_assets/prompts.py:build_prompts", "rl_assets/models.py:load_tokenizer"],
-    "sft": ["rl_assets/compute.py:run_sft", "rl_assets/sft.py", "rl_assets/models.py"],
-    "rollouts": ["rl_assets/compute.py:run_rollouts", "rl_assets/rollouts.py", "rl_assets/rollouts_vllm.py"],
-    "rewards": ["rl_assets/rewards/__init__.py"],
-    "train": ["rl_assets/compute.py:run_train", "rl_assets/train.py", "rl_assets/preference.py", "rl_assets/train_state.py"],
-    "evaluation": ["rl_assets/compute.py:run_evaluation", "rl_assets/evaluation.py", "rl_assets/tracking.py"],
+    "sft": ["rl_assets/stages.py:run_sft", "rl_assets/sft.py", "rl_assets/models.py", "rl_assets/loaded.py"],
+    "rollouts": ["rl_assets/stages.py:run_rollouts", "rl_assets/rollouts.py", "rl_assets/rollouts_vllm.py", "rl_assets/loaded.py"],
+    "rewards": ["rl_assets/stages.py:run_rewards", "rl_assets/rewards/__init__.py"],
+    "train": ["rl_assets/stages.py:run_train", "rl_assets/train.py", "rl_assets/preference.py", "rl_assets/train_state.py", "rl_assets/loaded.py"],
+    "evaluation": ["rl_assets/stages.py:run_evaluation", "rl_assets/evaluation.py", "rl_assets/tracking.py", "rl_assets/loaded.py"],
     "reward_model": ["rl_assets/reward_model.py"],
 }
 # Stages that call the configured reward functions (evaluation scores held-out completions with them).
@@ -113,7 +113,7 @@ def project_code(entries: list[str]) -> list[str]:
 
     >>> "rl_assets/prompts.py" in project_code(["rl_assets/prompts.py"])
     True
-    >>> "rl_assets/train.py" in project_code(["rl_assets/compute.py:run_rollouts"])
+    >>> "rl_assets/train.py" in project_code(["rl_assets/stages.py:run_rollouts"])
     False
     """
     state = hashlib.md5(json.dumps([(str(path), path.stat().st_mtime_ns, path.stat().st_size)

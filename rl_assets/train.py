@@ -211,7 +211,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     if total_steps:
         final_optimizer_state = get_optimizer_state_dict(model, optimizer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
     full_weights = accelerator.get_state_dict(model) if accelerator.distributed_type == DistributedType.FSDP else None
-    model = accelerator.unwrap_model(model)
+    model = accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # a plain forward again, as a fresh load has (rl_assets.loaded)
     model.eval()
     if params.gradient_checkpointing:
         getattr(model, "activation_checkpointing_disable", model.gradient_checkpointing_disable)()

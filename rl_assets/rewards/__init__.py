@@ -15,12 +15,9 @@ from __future__ import annotations
 
 import functools
 import hashlib
-import importlib
 import inspect
 import json
 import math
-import os
-import sys
 from typing import Callable
 
 import pyarrow as pa
@@ -32,6 +29,7 @@ from rl_assets.rewards.reward_model import reward_model
 from rl_assets.rewards.symbolic import math_verify
 from rl_assets.rewards.text import format_regex, length_penalty, repetition_penalty, required_tags
 from rl_assets.schemas import reward_function_names, rewards_schema
+from rl_assets.user_code import load_named
 
 BUILT_IN = {f.__name__: f for f in (math_answer, math_verify, arithmetic_answer, answer_format, format_regex, required_tags,
                                     length_penalty, repetition_penalty, code_execution, reward_model)}
@@ -42,23 +40,7 @@ COLUMNS = ("prompt", "answer", "prompt_id", "completion_ids", "truncated")
 
 def load_reward_function(name: str) -> Callable:
     """A built-in reward by name, or `package.module:function` from the user's code (imported now)."""
-    if ":" in name:
-        module_name, _, attribute = name.partition(":")
-        if os.getcwd() not in sys.path:  # user code lives in the project, as `python -m` in its root would see it
-            sys.path.append(os.getcwd())
-        try:
-            function = getattr(importlib.import_module(module_name), attribute)
-        except (ImportError, AttributeError) as error:
-            raise ValueError(f"rewards.functions: cannot load {name!r}: {error}") from None
-        except Exception as error:  # the user's module fails while importing (SyntaxError, a raise at top level, ...)
-            raise ValueError(f"rewards.functions: cannot load {name!r}: {type(error).__name__}: {error}") from None
-    elif name in BUILT_IN:
-        function = BUILT_IN[name]
-    else:
-        raise ValueError(f"rewards.functions: unknown reward {name!r}; built in: {sorted(BUILT_IN)}, or use 'module:function'")
-    if not callable(function):
-        raise ValueError(f"rewards.functions: {name!r} is not callable")
-    return function
+    return load_named(name, BUILT_IN, "rewards.functions", "reward")
 
 
 def resolve_reward_function(name: str, options: dict | None = None) -> Callable:

@@ -41,41 +41,41 @@ def pod_specs(**settings: str) -> dict:
 def test_k8s_executor_gives_each_compute_step_its_gpus_and_nothing_to_the_rest():
     specs = pod_specs(**{"compute.executor": "k8s", "compute.gpus_per_step": "2"})
     assert specs["executor"] == "k8s"
-    for op in ("r00__checkpoint", "r01__rollouts", "r01__checkpoint", "evaluation"):
+    for op in ("r00__checkpoint", "rounds", "evaluation"):  # "rounds": the resident op that writes every round's outputs
         assert specs[op]["limits"] == {"nvidia.com/gpu": "2"} and specs[op]["requests"] == {"nvidia.com/gpu": "2"}, op
         assert specs[op]["image"] == "registry.example/rl-assets:1" and specs[op]["pool"] == "gpu"
-    for op in ("raw_data", "prompts", "r01__rewards"):  # CPU-only stages request no GPU
+    for op in ("raw_data", "prompts"):  # CPU-only stages request no GPU
         assert "nvidia.com/gpu" not in specs[op]["limits"], op
 
 
 def test_default_params_run_on_the_multiprocess_executor_without_gpu_requests():
     specs = pod_specs()
     assert specs["executor"] == "multiprocess"
-    assert specs["r01__checkpoint"]["limits"] == {}
+    assert specs["rounds"]["limits"] == {}
 
 
 RESOURCE = ParamsResource(path="params.yaml", overrides=["train.epochs=1"])
 
 
 def test_one_process_steps_run_plain_python():
-    command = compute_command("rollouts", RESOURCE, ComputeParams(nproc=4), 3)
-    assert command[1:] == ["-m", "pipelines.pipes_child", "rollouts", "--params", "params.yaml", "--round", "3", "--set", "train.epochs=1"]
+    command = compute_command(["r03/rollouts", "r03/rewards"], RESOURCE, ComputeParams(nproc=4))
+    assert command[1:] == ["-m", "pipelines.pipes_child", "r03/rollouts", "r03/rewards", "--params", "params.yaml", "--set", "train.epochs=1"]
 
 
 def test_several_processes_use_standalone_torchrun():
-    command = compute_command("train", RESOURCE, ComputeParams(nproc=4), 2)
+    command = compute_command(["r02/checkpoint"], RESOURCE, ComputeParams(nproc=4))
     assert command[1:6] == ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=4", "-m"]
 
 
 def test_several_nodes_use_torchrun_rendezvous():
     compute = ComputeParams(nproc=8, nnodes=4, rdzv_endpoint="rl-assets-train.default.svc:29400")
-    command = " ".join(compute_command("train", RESOURCE, compute, 2))
+    command = " ".join(compute_command(["r02/checkpoint"], RESOURCE, compute))
     assert ("-m torch.distributed.run --nnodes 4 --rdzv_backend c10d --rdzv_endpoint rl-assets-train.default.svc:29400 "
-            "--rdzv_id rl-assets-train-2 --nproc_per_node=8 -m pipelines.pipes_child train") in command
+            "--rdzv_id rl-assets-r02-checkpoint --nproc_per_node=8 -m pipelines.pipes_child r02/checkpoint") in command
 
 
 def test_an_accelerate_config_switches_the_launcher_to_accelerate_launch(tmp_path):
     compute = ComputeParams(nproc=8, nnodes=2, rdzv_endpoint="head:29500", accelerate_config="configs/zero3.yaml")
-    command = compute_command("sft", RESOURCE, compute, None)
+    command = compute_command(["r00/checkpoint"], RESOURCE, compute)
     assert command[1:10] == ["-m", "accelerate.commands.launch", "--config_file", "configs/zero3.yaml", "--num_processes", "16",
                              "--num_machines", "2", "-m"]

@@ -111,6 +111,6 @@ def test_editing_a_module_a_stage_imports_marks_exactly_the_stages_that_import_i
     losses.write_text(losses.read_text() + "\n")
     assert set(dvc_status(project)) == {"r01-checkpoint"}
 
-    compute = project / "rl_assets" / "compute.py"  # the compute steps' driver: r00's SFT, rollouts, training, evaluation
-    compute.write_text(compute.read_text() + "\n")
-    assert set(dvc_status(project)) == {"r00-checkpoint", "r01-rollouts", "r01-checkpoint", "evaluation"}
+    stages = project / "rl_assets" / "stages.py"  # the stage functions: r00's SFT, rollouts, rewards, training, evaluation
+    stages.write_text(stages.read_text() + "\n")
+    assert set(dvc_status(project)) == {"r00-checkpoint", "r01-rollouts", "r01-rewards", "r01-checkpoint", "evaluation"}

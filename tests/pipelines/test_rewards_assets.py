@@ -81,7 +81,7 @@ def resources(modules):
 def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(project):
     path, modules = project
     instance = DagsterInstance.ephemeral()
-    before = modules["rounds"].round_assets(1)
+    before = [modules["rounds"].rounds_asset(1)]
     versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
     assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
@@ -92,12 +92,12 @@ def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(pro
 
     # another section changes: the rewards keep their code version
     write_params(path, rollouts={**micro_params()["rollouts"], "temperature": 0.5})
-    other = modules["rounds"].round_assets(1)
+    other = [modules["rounds"].rounds_asset(1)]
     assert get_stale_status_resolver(instance, other).get_status(REWARDS_KEY) == StaleStatus.FRESH
 
     # only `rewards` changes: rewards is stale because its code version changed; rollouts is not
     write_params(path, rewards={"functions": [{"name": "arithmetic_answer", "weight": 2.0}]})
-    after = modules["rounds"].round_assets(1)
+    after = [modules["rounds"].rounds_asset(1)]
     resolver = get_stale_status_resolver(instance, after)
     assert resolver.get_status(REWARDS_KEY) == StaleStatus.STALE
     causes = resolver.get_stale_causes(REWARDS_KEY)
@@ -114,7 +114,7 @@ def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(pro
     assert instance.get_latest_materialization_event(ROLLOUTS_KEY).run_id == rollouts_event.run_id
     assert read_table(path / "data" / "r01" / "rewards.parquet", "rewards")["reward"].to_pylist() == [2.0, 0.0, 2.0, 0.0]
     tags = instance.get_latest_materialization_event(REWARDS_KEY).asset_materialization.tags
-    assert tags["dagster/code_version"] == after[1].code_versions_by_key[REWARDS_KEY] != before[1].code_versions_by_key[REWARDS_KEY]
+    assert tags["dagster/code_version"] == after[0].code_versions_by_key[REWARDS_KEY] != before[0].code_versions_by_key[REWARDS_KEY]
 
 
 def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstream(project):
@@ -123,26 +123,26 @@ def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstre
                                         "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
     write_params(path, rewards={"functions": [{"name": "my_rewards:exact", "weight": 1.0}]})
     instance = DagsterInstance.ephemeral()
-    before = modules["rounds"].round_assets(1)
+    before = [modules["rounds"].rounds_asset(1)]
     versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
     assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
     assert get_stale_status_resolver(instance, before).get_status(REWARDS_KEY) == StaleStatus.FRESH
 
     (path / "my_rewards.py").write_text((path / "my_rewards.py").read_text().replace("c.strip() == a", "a in c"))  # the regex edit of the issue
-    after = modules["rounds"].round_assets(1)
+    after = [modules["rounds"].rounds_asset(1)]
     resolver = get_stale_status_resolver(instance, after)
     assert resolver.get_status(REWARDS_KEY) == StaleStatus.STALE
     assert [c.category for c in resolver.get_stale_causes(REWARDS_KEY)] == [StaleCauseCategory.CODE]
     assert resolver.get_status(ROLLOUTS_KEY) == StaleStatus.FRESH
     assert after[0].code_versions_by_key[ROLLOUTS_KEY] == versions[ROLLOUTS_KEY]
-    assert after[2].code_versions_by_key[CHECKPOINT_KEY] == versions[CHECKPOINT_KEY]  # training code is not the reward's
+    assert after[0].code_versions_by_key[CHECKPOINT_KEY] == versions[CHECKPOINT_KEY]  # training code is not the reward's
 
 
 def test_no_reward_model_asset_unless_configured(project):
     _, modules = project
     assert modules["reward_model"].reward_model_asset() is None
-    rewards = modules["rounds"].round_assets(1)[1]
+    rewards = [modules["rounds"].rounds_asset(1)][0]
     assert {d.asset_key for d in rewards.specs_by_key[REWARDS_KEY].deps} == {ROLLOUTS_KEY}
 
 
@@ -163,9 +163,9 @@ def test_reward_model_asset_trains_and_rewards_depend_on_it(project, preference_
                  rewards={"functions": [{"name": "arithmetic_answer"},
                                         {"name": "reward_model", "weight": 0.0, "options": {"path": "data/reward_model", "temperature": 2.0}}]})
     trained = modules["reward_model"].reward_model_asset()
-    round_one = modules["rounds"].round_assets(1)
+    round_one = [modules["rounds"].rounds_asset(1)]
     assert trained.key == AssetKey("reward_model") and trained.group_names_by_key[trained.key] == "reward_model"
-    assert {d.asset_key for d in round_one[1].specs_by_key[REWARDS_KEY].deps} == {ROLLOUTS_KEY, AssetKey("reward_model")}
+    assert {d.asset_key for d in round_one[0].specs_by_key[REWARDS_KEY].deps} == {ROLLOUTS_KEY, AssetKey("reward_model")}
 
     instance = DagsterInstance.ephemeral()
     assert materialize([stored_rollouts(path)], instance=instance).success

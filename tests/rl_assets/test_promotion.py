@@ -145,7 +145,7 @@ def test_warm_start_path_only_when_asked_and_present(tmp_path, monkeypatch):
 
 def test_r00_starts_from_the_promoted_model_when_asked(tmp_path, monkeypatch):
     from rl_assets.checkpoints import save_checkpoint
-    from rl_assets.compute import run_sft
+    from rl_assets.stages import run_sft
     from rl_assets.models import build_tiny_tokenizer
 
     from rl_assets_support import new_tiny_model

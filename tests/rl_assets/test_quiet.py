@@ -35,7 +35,7 @@ def test_trainer_configs_use_the_current_names_and_bars_only_on_a_terminal(tmp_p
 
 
 def test_quiet_step_silences_libraries_reading_the_old_checkpointing_name_and_their_bars_off_a_terminal():
-    from rl_assets import compute
+    from rl_assets.process import quiet_step
     from transformers.utils import logging
 
     model = new_tiny_model()
@@ -45,7 +45,7 @@ def test_quiet_step_silences_libraries_reading_the_old_checkpointing_name_and_th
             os.environ.pop(name, None)
         with warnings.catch_warnings(record=True) as seen:
             warnings.simplefilter("always")
-            compute.quiet_step()
+            quiet_step()
             assert model.is_gradient_checkpointing is False  # what PEFT and TRL's DPOTrainer read
             warnings.warn("other notices still show", FutureWarning)
         assert [str(w.message) for w in seen] == ["other notices still show"]

@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import copy
+import sys
+import types
+
 import pytest
 import torch
 
@@ -151,33 +155,77 @@ def test_rollout_engine_falls_back_to_transformers_without_a_gpu_or_vllm(monkeyp
     assert rollouts_vllm.resolve_engine("auto", "cuda:0") == "vllm"
 
 
-def test_vllm_path_asks_for_its_logprobs_and_ignores_the_checkpoint_generation_config(monkeypatch):
-    """vLLM is not installed here: a stand-in module records what rollouts_vllm asks of vLLM's documented API."""
-    import sys
-    import types
+class StandInLLM:
+    """vLLM is not installed here: a stand-in for the documented API rollouts_vllm uses, recording every call."""
 
-    from rl_assets.rollouts_vllm import generate_vllm
+    def __init__(self, calls: list, eos: int, **kwargs):
+        self.calls, self.eos = calls, eos
+        calls.append(("LLM", kwargs))
+        runner = types.SimpleNamespace(model=types.SimpleNamespace(load_weights=lambda weights: calls.append(("load_weights", {k: v.clone() for k, v in weights}))))
+        self.llm_engine = types.SimpleNamespace(model_executor=types.SimpleNamespace(driver_worker=types.SimpleNamespace(model_runner=runner)))
+
+    def sleep(self, level):
+        self.calls.append(("sleep", level))
+
+    def wake_up(self, tags):
+        self.calls.append(("wake_up", tuple(tags)))
+
+    def reset_prefix_cache(self):
+        self.calls.append(("reset_prefix_cache",))
+
+    def generate(self, requests, sampling, use_tqdm):
+        self.calls.append(("generate", requests, sampling))
+        step = lambda tokens: [{t: types.SimpleNamespace(logprob=-0.5 * (i + 1))} for i, t in enumerate(tokens)]  # noqa: E731
+        samples = [[5, 6, self.eos, 9], [7, 8, 9]]  # vLLM may return a token past a stop id; the second never stops
+        return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=s, logprobs=step(s)) for s in samples]) for _ in requests]
+
+
+@pytest.fixture
+def stand_in_vllm(monkeypatch):
+    calls: list = []
+    eos = build_tiny_tokenizer().eos_token_id
+    module = types.SimpleNamespace(LLM=lambda **kwargs: StandInLLM(calls, eos, **kwargs), SamplingParams=lambda **kwargs: kwargs)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    return calls
+
+
+def test_vllm_path_asks_for_its_logprobs_and_ignores_the_checkpoint_generation_config(stand_in_vllm):
+    from rl_assets.rollouts_vllm import VllmEngine
 
     tokenizer = build_tiny_tokenizer()
     eos = tokenizer.eos_token_id
-    calls = {}
-
-    class LLM:
-        def __init__(self, **kwargs):
-            calls["llm"] = kwargs
-
-        def generate(self, requests, sampling, use_tqdm):
-            calls["requests"] = requests
-            step = lambda tokens: [{t: types.SimpleNamespace(logprob=-0.5 * (i + 1))} for i, t in enumerate(tokens)]  # noqa: E731
-            samples = [[5, 6, eos, 9], [7, 8, 9]]  # vLLM may return a token past a stop id; the second never stops
-            return [types.SimpleNamespace(outputs=[types.SimpleNamespace(token_ids=s, logprobs=step(s)) for s in samples]) for _ in requests]
-
-    monkeypatch.setitem(sys.modules, "vllm", types.SimpleNamespace(LLM=LLM, SamplingParams=lambda **kwargs: kwargs))
-    out = generate_vllm("ckpt", tokenizer, ["<s>1+1=", "2+2="], 2, temperature=0.7, top_p=0.9, max_new_tokens=4, seed=3, eos_ids=[eos, 99])
-    assert calls["llm"]["generation_config"] == "vllm" and calls["llm"]["logprobs_mode"] == "processed_logprobs"
-    assert calls["requests"][0]["prompt_token_ids"][:2] != [tokenizer.bos_token_id] * 2  # one BOS
+    engine = VllmEngine("ckpt", seed=3)
+    out = engine.generate(torch.nn.Linear(2, 2), "policy-a", tokenizer, ["<s>1+1=", "2+2="], 2, temperature=0.7, top_p=0.9,
+                          max_new_tokens=4, seed=3, eos_ids=[eos, 99])
+    created = stand_in_vllm[0][1]
+    assert created["generation_config"] == "vllm" and created["logprobs_mode"] == "processed_logprobs" and created["enable_sleep_mode"]
+    requests, sampling = next(c for c in stand_in_vllm if c[0] == "generate")[1:]
+    assert requests[0]["prompt_token_ids"][:2] != [tokenizer.bos_token_id] * 2  # one BOS
+    assert sampling["logprobs"] == 0 and sampling["seed"] == 3 and sampling["stop_token_ids"] == [eos, 99]
     assert out.completion_ids == [[5, 6, eos], [7, 8, 9]] * 2 and out.truncated == [False, True] * 2
     assert out.sampler_logprobs == [[-0.5, -1.0, -1.5], [-0.5, -1.0, -1.5]] * 2
+
+
+def test_one_vllm_engine_serves_every_round_with_the_weights_pushed_in_place(stand_in_vllm, monkeypatch):
+    """TRL's colocate cycle: asleep (level 2) while training; before sampling, weights in place, prefix cache reset, KV cache woken."""
+    from rl_assets import rollouts_vllm
+    from rl_assets.loaded import Loaded
+
+    monkeypatch.setattr(rollouts_vllm, "vllm_available", lambda: True)
+    model, tokenizer = copy.deepcopy(shared_tiny_model()), build_tiny_tokenizer()
+    params = RolloutsParams(prompts_per_round=2, samples_per_prompt=2, max_new_tokens=3, engine="vllm")
+    loaded = Loaded()
+    for round_number in (1, 2):
+        with torch.no_grad():
+            model.model.embed_tokens.weight[0, 0] = float(round_number)  # "trained" between the rounds
+        sample_rollouts(model, tokenizer, prompts_table(PROBLEMS, SPLITS), params, round_number=round_number, seed=0, policy_id=f"r{round_number - 1:02d}",
+                        prompts_hash="h", model_path="ckpt", loaded=loaded)
+    assert [c[0] for c in stand_in_vllm].count("LLM") == 1  # one engine for both rounds
+    cycle = ["wake_up", "load_weights", "reset_prefix_cache", "wake_up", "generate", "sleep"]
+    assert [c[0] for c in stand_in_vllm] == ["LLM", "sleep", *cycle, *cycle]
+    pushed = [c[1] for c in stand_in_vllm if c[0] == "load_weights"]
+    assert [float(w["model.embed_tokens.weight"][0, 0]) for w in pushed] == [1.0, 2.0]  # each round samples the weights it was given
+    assert loaded.engine.weight_pushes == 2
 
 
 def test_stored_rollouts_carry_the_sampler_logprobs_column():

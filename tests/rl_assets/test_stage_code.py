@@ -24,7 +24,7 @@ def params(tmp_path, monkeypatch):
 def test_each_stage_lists_its_own_modules_and_what_they_import():
     with in_repo():
         rollouts, train = project_code(STAGE_ENTRIES["rollouts"]), project_code(STAGE_ENTRIES["train"])
-    assert {"rl_assets/rollouts.py", "rl_assets/rollouts_vllm.py", "rl_assets/models.py", "rl_assets/compute.py"} <= set(rollouts)
+    assert {"rl_assets/rollouts.py", "rl_assets/rollouts_vllm.py", "rl_assets/models.py", "rl_assets/stages.py", "rl_assets/loaded.py"} <= set(rollouts)
     assert "rl_assets/train.py" not in rollouts and "rl_assets/losses.py" not in rollouts
     assert {"rl_assets/train.py", "rl_assets/losses.py", "rl_assets/advantages.py"} <= set(train)  # imported by train.py
 
@@ -53,7 +53,7 @@ def test_the_stage_version_follows_the_code_content_and_the_sections(params, tmp
 
 def test_an_unknown_entry_function_is_an_error_naming_it():
     with pytest.raises(ValueError, match="no top-level function 'no_such_stage'"):
-        project_code(["rl_assets/compute.py:no_such_stage"])
+        project_code(["rl_assets/stages.py:no_such_stage"])
 
 
 def test_dvc_records_the_params_a_run_used_typed_as_dvc_reads_them(tmp_path, monkeypatch):

@@ -68,20 +68,20 @@ def test_a_step_that_stops_beating_is_stale(tmp_path):
 
 
 def test_a_compute_step_beats_while_it_runs_and_records_its_duration(tmp_path, monkeypatch):
-    from rl_assets import compute
+    from rl_assets import stages
 
     seen = []
 
-    def step_body(stage, params, round_number, root):
+    def step_body(stage, params, round_number, root, loaded):
         seen.append(running_steps(root))
         if stage == "bad":
             raise ValueError("boom")
         return {"rows": 1}, root
 
-    monkeypatch.setattr(compute, "_run_stage", step_body)
-    assert compute.run_stage("evaluation", None, None, tmp_path) == ({"rows": 1}, tmp_path)
+    monkeypatch.setattr(stages, "_run_stage", step_body)
+    assert stages.run_stage("evaluation", None, None, tmp_path) == ({"rows": 1}, tmp_path)
     with pytest.raises(ValueError):
-        compute.run_stage("bad", None, 2, tmp_path)
+        stages.run_stage("bad", None, 2, tmp_path)
     assert [s[0]["stage"] for s in seen] == ["evaluation", "bad"] and seen[0][0]["pid"] == os.getpid()
     assert running_steps(tmp_path) == []
     durations = step_durations(tmp_path)
@@ -89,13 +89,13 @@ def test_a_compute_step_beats_while_it_runs_and_records_its_duration(tmp_path, m
     assert durations[("evaluation", None)]["seconds"] >= 0
 
 
-def test_run_stage_of_compute_beats(tmp_path, monkeypatch):
+def test_run_stage_beats(tmp_path, monkeypatch):
     """Every compute step goes through run_stage: while its body runs there is a heartbeat, and none after."""
-    from rl_assets import compute
+    from rl_assets import stages
 
     seen = []
-    monkeypatch.setattr(compute, "_run_stage", lambda stage, params, n, root: seen.append(running_steps(root)) or ({}, root))
-    compute.run_stage("rollouts", None, 2, tmp_path)
+    monkeypatch.setattr(stages, "_run_stage", lambda stage, params, n, root, loaded: seen.append(running_steps(root)) or ({}, root))
+    stages.run_stage("rollouts", None, 2, tmp_path)
     assert [(step["stage"], step["round"]) for step in seen[0]] == [("rollouts", 2)]
     assert running_steps(tmp_path) == []
 

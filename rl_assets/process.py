@@ -1,0 +1,45 @@
+"""Set-up of a compute process: quiet output, and the torchrun process group."""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+
+
+def quiet_step() -> None:
+    """A step's output is for people: no notices about libraries' own calls, progress bars only on a terminal.
+
+    PEFT and TRL's DPOTrainer read `is_gradient_checkpointing`, which transformers 5.24 deprecates with a
+    FutureWarning on every call (our own code uses the new names). Hugging Face's own progress bars (loading and saving
+    weights, dataset maps) print a line per redraw into a log: off unless stderr is a terminal, or
+    HF_HUB_DISABLE_PROGRESS_BARS=0 / HF_DATASETS_DISABLE_PROGRESS_BARS=0 ask for them. Our bars and the
+    trainers' follow sys.stderr.isatty() too.
+    """
+    warnings.filterwarnings("ignore", message="`is_gradient_checkpointing` is deprecated", category=FutureWarning)
+    if not sys.stderr.isatty():
+        for name in ("HF_HUB_DISABLE_PROGRESS_BARS", "HF_DATASETS_DISABLE_PROGRESS_BARS"):  # read when those libraries load
+            os.environ.setdefault(name, "1")
+        if "transformers.utils.logging" in sys.modules and os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] == "1":
+            sys.modules["transformers.utils.logging"].disable_progress_bar()  # already loaded: too late for the variable
+
+
+def start_distributed(params) -> int:
+    """Join the torchrun process group when there is one (gloo on CPU, NCCL on GPUs); returns the rank."""
+    import torch
+    import torch.distributed as dist
+
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1 and not dist.is_initialized():
+        cuda = params.compute.device != "cpu" and torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
+        dist.init_process_group("nccl" if cuda else "gloo")
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def stop_distributed() -> None:
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        dist.barrier()
+        dist.destroy_process_group()

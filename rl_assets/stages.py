@@ -1,0 +1,270 @@
+"""The compute stages: each reads its inputs from data/, writes its output atomically and returns the metadata a user looks at.
+
+`run_stage` runs one; `rl_assets.resident` runs several in one process with the same `Loaded`
+models; `rl_assets.compute` is the command line. Every stage seeds torch from params before it
+starts, so what it computes depends on its inputs, never on what the process ran before.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
+from rl_assets.config import Params
+from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix, train_state_dir
+from rl_assets.precision import compute_autocast, resolve_mixed_precision, weights_dtype
+from rl_assets.reports import accuracy_plot, markdown_table
+from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, table_lineage, write_table
+from rl_assets.stage_code import stage_lineage
+from rl_assets.storage import file_hash
+
+if TYPE_CHECKING:  # each stage names loaded.py among its code entries (stage_code.STAGE_ENTRIES)
+    from rl_assets.loaded import Loaded
+
+STAGES = ("sft", "rollouts", "rewards", "train", "evaluation", "reward_model", "promote")
+ROUND_STAGES = ("rollouts", "rewards", "train")
+
+
+def run_sft(params: Params, root: Path, device: str) -> dict:
+    """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
+    from rl_assets.models import load_base_model, load_policy
+    from rl_assets.promotion import warm_start_path
+    from rl_assets.sft import warm_start
+
+    prompts_path = output_path("prompts", root)
+    prompts = read_table(prompts_path, "prompts")
+    promoted = warm_start_path(params.promotion, root)
+    if promoted is not None:  # the promoted model already went through SFT and RL: continue from it as is
+        model, tokenizer = load_policy(promoted)
+        metrics, parent, trained_on, algorithm = {}, checkpoint_id(promoted), {}, "promoted"
+    else:
+        model, tokenizer = load_base_model(params.model, params.seed)
+        metrics = warm_start(model, tokenizer, prompts, params.sft, params.seed, use_cpu=device == "cpu") if params.sft.enabled else {}
+        parent, trained_on = params.model.name_or_path, {"prompts": file_hash(prompts_path)} if params.sft.enabled else {}
+        algorithm = "sft" if params.sft.enabled else "none"
+    lineage = {"round": 0, "parent": parent, "trained_on": trained_on, "algorithm": algorithm,
+               "params_hash": params.section_hash("seed", "model", "sft"), **stage_lineage("sft", params, ["seed", "model", "sft"]),
+               "metrics": metrics, "num_parameters": sum(p.numel() for p in model.parameters())}
+    path = output_path(checkpoint_key(0), root)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    save_checkpoint(model, tokenizer, path, lineage)
+    return {"parameters": lineage["num_parameters"], **{k: v for k, v in metrics.items() if v is not None}}
+
+
+def precision(params: Params, device: str) -> str:
+    """The one precision mode of every policy forward pass: the trainer's (see precision.py)."""
+    return resolve_mixed_precision(params.train.mixed_precision, device)
+
+
+def run_rollouts(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
+    """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint."""
+    from rl_assets.rollouts import sample_rollouts
+
+    policy_path = output_path(checkpoint_key(round_number - 1), root)
+    prompts_path = output_path("prompts", root)
+    mode = precision(params, device)
+    model, tokenizer = loaded.policy(policy_path, device, weights_dtype(mode))
+    started = time.perf_counter()
+    table = sample_rollouts(model, tokenizer, read_table(prompts_path, "prompts"), params.rollouts, round_number=round_number,
+                            seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
+                            model_path=str(policy_path), autocast=compute_autocast(mode, device), loaded=loaded)
+    elapsed = time.perf_counter() - started
+    write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", root), ROLLOUTS, "rollouts",
+                lineage=stage_lineage("rollouts", params, ["seed", "rollouts"]))
+    lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
+    samples = [[p, c, a] for p, c, a in zip(table["prompt"].to_pylist()[:8], table["completion"].to_pylist()[:8], table["answer"].to_pylist()[:8])]
+    return {"rows": table.num_rows, "prompts": table.num_rows // params.rollouts.samples_per_prompt,
+            "mean_completion_tokens": sum(lengths) / len(lengths), "truncated_share": sum(table["truncated"].to_pylist()) / table.num_rows,
+            "completion_tokens_per_second": sum(lengths) / elapsed if elapsed else 0.0,  # sampling plus the log-prob pass
+            "samples": {"type": "md", "raw_value": markdown_table(["prompt", "completion", "answer"], samples)}}
+
+
+def run_rewards(params: Params, round_number: int, root: Path) -> dict:
+    """rNN/rewards: every rollout of the round scored by the configured reward functions (rescoring never resamples)."""
+    from rl_assets.rewards import score_rollouts, summarize_rewards
+
+    source = output_path(f"{round_prefix(round_number)}/rollouts", root)
+    table = score_rollouts(read_table(source, "rollouts"), params.rewards, file_hash(source))
+    path = write_table(table, output_path(f"{round_prefix(round_number)}/rewards", root), table.schema, "rewards",  # keeps each score's weight
+                       lineage=stage_lineage("rewards", params, ["rewards"]))
+    return {"path": str(path), **summarize_rewards(table, params.rollouts.samples_per_prompt)}
+
+
+def run_train(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
+    """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
+    from rl_assets.models import load_trainable_policy
+    from rl_assets.train_state import fingerprint, save_carried_optimizer
+
+    prefix = round_prefix(round_number)
+    parent, base = output_path(checkpoint_key(round_number - 1), root), output_path(checkpoint_key(0), root)
+    rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", root), output_path(f"{prefix}/rewards", root)
+    rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
+    trained_on = {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    train, dtype = params.train, weights_dtype(precision(params, device))
+    # Kept in memory after the round only when it equals what loading the saved folder gives (see loaded.py).
+    keep = world == 1 and not train.lora.enabled and train.algorithm not in ("dpo", "rft")
+    model, tokenizer = (loaded.take_policy(parent, device, dtype) if keep else
+                        load_trainable_policy(parent, train.lora, base, device, dtype=dtype))
+    seed = params.seed * 1000 + round_number
+    ref_model = optimizer_state = None
+    if train.algorithm in ("dpo", "rft"):
+        from rl_assets.preference import train_dpo, train_rft
+
+        run = train_dpo if train.algorithm == "dpo" else train_rft
+        model, metrics = run(model, tokenizer, rollouts, rewards, train, seed=seed, use_cpu=not device.startswith("cuda"))
+        history = metrics.pop("history")
+    else:
+        from rl_assets.train import table_group_size, train_on_rollouts
+
+        ref_model = loaded.reference(base, device) if train.beta > 0 else None
+        state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
+        carried = loaded.moments(checkpoint_id(parent), root, device) if train.carry_optimizer_state else None
+        model, metrics, history, optimizer_state = train_on_rollouts(
+            model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
+            temperature=params.rollouts.temperature,
+            pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
+            state_dir=train_state_dir(round_number, root), fingerprint=state,
+            optimizer_state=carried)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    from rl_assets.train import reference_kl
+
+    metrics["kl"] = reference_kl(model.to(device), loaded.reference(base, device), rollouts, pad_id=tokenizer.pad_token_id,
+                                 temperature=params.rollouts.temperature)
+    lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
+               "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
+               "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history,
+               **stage_lineage("train", params, ["seed", "train"])}
+    for table_path in (rollouts_path, rewards_path):  # the code that sampled and scored what this round trained on
+        lineage["code"].update(table_lineage(table_path).get("code", {}))
+    saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora)
+    if optimizer_state is not None and train.carry_optimizer_state:
+        save_carried_optimizer(optimizer_state, saved_id, round_number, root)  # a later process (or a rerun after a crash) reads it
+        loaded.keep_moments(optimizer_state, saved_id)
+    if keep:
+        loaded.keep_policy(model, tokenizer, saved_id, device, dtype)
+    shutil.rmtree(train_state_dir(round_number, root), ignore_errors=True)  # the round is done; its resume points are not needed
+    return metrics
+
+
+def with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, device: str, loaded: Loaded) -> dict:
+    """The checkpoint's held-out accuracy added to its own materialization (the evaluation asset reuses the result).
+
+    Called here, not by run_sft/run_train: the checkpoint does not depend on the evaluation code or the rewards
+    (stage_code follows those functions), so editing a reward module does not make the checkpoints stale.
+    """
+    from rl_assets.evaluation import evaluated, heldout_metadata
+
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return metadata
+    mode = precision(params, device)
+    try:
+        rows, _ = evaluated(checkpoint, params, root, device, mode, load=lambda: loaded.policy(checkpoint, device, weights_dtype(mode)))
+    except Exception as error:  # e.g. a reward that raises: its own asset fails with it; the checkpoint is fine
+        print(f"warning: held-out evaluation of {checkpoint} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return {**metadata, "heldout_error": f"{type(error).__name__}: {error}"[:500]}
+    return {**metadata, **heldout_metadata(rows)}
+
+
+def run_evaluation(params: Params, root: Path, device: str) -> dict:
+    """evaluation: every checkpoint r00..rR on the held-out prompts, greedy and sampled."""
+    from rl_assets.evaluation import evaluated
+    from rl_assets.tracking import write_round_plots
+
+    report, examples, reused = [], [], 0
+    for round_number in range(params.rounds + 1):
+        path = output_path(checkpoint_key(round_number), root)
+        rows, was_done = evaluated(path, params, root, device, precision(params, device))  # usually done by the step that made it
+        reused += was_done
+        for row in rows:
+            examples += [[checkpoint_key(round_number), row["mode"], *e] for e in row.pop("examples")[:3]]
+            report.append({"checkpoint": checkpoint_key(round_number), "checkpoint_id": checkpoint_id(path), **row})
+    table = pa.Table.from_pylist(report, schema=EVALUATION)
+    write_table(table, output_path("evaluation", root), EVALUATION, "evaluation",
+                lineage=stage_lineage("evaluation", params, ["seed", "rounds", "evaluation", "rewards"]))
+    summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_{metric}": round(r[metric], 4)
+               for r in report for metric in ("accuracy", "reward_mean", "pass_at_k")}
+    import json
+
+    (root / EVALUATION_METRICS).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_round_plots(root)
+    reward_means = {n: read_lineage(output_path(checkpoint_key(n), root))["metrics"]["reward_mean"] for n in range(1, params.rounds + 1)}
+    plot = accuracy_plot(report, reward_means, root / EVALUATION_PLOT)
+    accuracy_rows = [[r["checkpoint"], r["mode"], f"{r['accuracy']:.3f}", f"{r['pass_at_k']:.3f}", f"{r['reward_mean']:.3f}",
+                      r["n_prompts"] * r["n_samples"]] for r in report]
+    return {
+        **summary, "checkpoints_evaluated_before": reused,
+        "accuracy": {"type": "md", "raw_value": markdown_table(["checkpoint", "mode", f"accuracy ({report[0]['correctness']})", "pass@k", "mean reward", "completions"], accuracy_rows)},
+        "plot": {"type": "md", "raw_value": f"![accuracy and reward per round](data:image/png;base64,{plot})"},
+        "examples": {"type": "md", "raw_value": markdown_table(["checkpoint", "mode", "prompt", "completion", "answer"], examples)},
+    }
+
+
+def run_stage(stage: str, params: Params, round_number: int | None, root: Path, loaded: Loaded | None = None) -> tuple[dict, Path]:
+    """Run one compute step in this process, with a heartbeat file while it runs; returns (metadata, output path).
+
+    `loaded`: the models kept from the steps this process ran before (a fresh, empty one when None).
+    """
+    # Imported here, not at the top: stage_code follows this module's top-level imports into every stage's code,
+    # and the heartbeat (read by /health and `rl-assets status`) shapes no output.
+    from rl_assets.heartbeat import Heartbeat
+    from rl_assets.loaded import Loaded
+    from rl_assets.process import quiet_step
+
+    quiet_step()
+    with Heartbeat(root, stage, round_number):
+        return _run_stage(stage, params, round_number, root, loaded or Loaded())
+
+
+def _run_stage(stage: str, params: Params, round_number: int | None, root: Path, loaded: Loaded) -> tuple[dict, Path]:
+    if stage not in STAGES:
+        raise ValueError(f"unknown stage {stage!r}; one of {list(STAGES)}")
+    if stage in ROUND_STAGES and (round_number is None or not 1 <= round_number <= params.rounds):
+        raise ValueError(f"{stage} needs --round between 1 and rounds={params.rounds}")
+    torch.manual_seed(params.seed * 1000 + (round_number or 0))  # e.g. fresh LoRA adapters: the same whatever ran before
+    device = step_device(params)
+    if stage == "sft":
+        path = output_path(checkpoint_key(0), root)
+        return with_heldout(run_sft(params, root, device), path, params, root, device, loaded), path
+    if stage == "rollouts":
+        return run_rollouts(params, round_number, root, device, loaded), output_path(f"{round_prefix(round_number)}/rollouts", root)
+    if stage == "rewards":
+        return run_rewards(params, round_number, root), output_path(f"{round_prefix(round_number)}/rewards", root)
+    if stage == "train":
+        path = output_path(checkpoint_key(round_number), root)
+        return with_heldout(run_train(params, round_number, root, device, loaded), path, params, root, device, loaded), path
+    if stage == "evaluation":
+        return run_evaluation(params, root, device), output_path("evaluation", root)
+    if stage == "reward_model":
+        from rl_assets.reward_model import train_reward_model
+
+        if params.reward_model is None:
+            raise ValueError("the reward_model stage needs a reward_model section in params")
+        path = output_path("reward_model", root)
+        return train_reward_model(params.reward_model, params.seed, path, use_cpu=not device.startswith("cuda")), path
+    from rl_assets.promotion import run_promotion
+
+    return run_promotion(params, root, device)
+
+
+def step_device(params: Params) -> str:
+    """The device of this process's work: compute.device, this rank's GPU under torchrun, with its memory share."""
+    from rl_assets.models import pick_device
+
+    device = pick_device(params.compute.device)
+    if device == "cuda" and dist.is_initialized():
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    if device.startswith("cuda") and params.compute.gpu_memory_fraction < 1:  # share a GPU without one step starving the rest
+        torch.cuda.set_per_process_memory_fraction(params.compute.gpu_memory_fraction, torch.device(device))
+    return device

@@ -1,0 +1,107 @@
+"""Resident rounds: one child writes a run's rounds with the models kept loaded, and gives the same bits as one output at a time.
+
+The micro project with 3 rounds, a KL penalty (so the reference stays loaded) and carried optimizer
+moments: `rl-assets run` (one resident child for the rounds) against `rl-assets materialize KEY`
+for each output in flow order (one run and one child per output, everything loaded from disk).
+"""
+
+from __future__ import annotations
+
+import yaml
+import pytest
+from dagster import AssetKey, DagsterInstance
+
+from conftest import copy_project, python
+from rl_assets.checkpoints import checkpoint_id
+from rl_assets.paths import flow_order
+from rl_assets.storage import content_hash
+
+pytestmark = pytest.mark.e2e
+
+ROUNDS = 3
+ROUND_KEYS = [f"r{n:02d}/{name}" for n in range(1, ROUNDS + 1) for name in ("rollouts", "rewards", "checkpoint")]
+OUTPUTS = ["raw_data", "prompts", "r00/checkpoint", *ROUND_KEYS]
+
+
+def three_rounds(project):
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["rounds"] = ROUNDS
+    params["train"]["beta"] = 0.04
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
+    return project
+
+
+def fingerprints(project) -> dict[str, str]:
+    return {key: checkpoint_id(project / "data" / key) if key.endswith("checkpoint") else content_hash(project / "data" / f"{key}.parquet")
+            for key in OUTPUTS}
+
+
+def materializations(project, keys):
+    with DagsterInstance.from_config(str(project / ".dagster")) as instance:
+        return {key: instance.get_latest_materialization_event(AssetKey(key.split("/"))) for key in keys}
+
+
+@pytest.fixture(scope="module")
+def resident_and_one_at_a_time(micro_template, tmp_path_factory):
+    resident = three_rounds(copy_project(micro_template, tmp_path_factory.mktemp("resident") / "project"))
+    python(["-m", "pipelines", "run"], resident, timeout=1200)
+    single = three_rounds(copy_project(micro_template, tmp_path_factory.mktemp("single") / "project"))
+    for key in flow_order(ROUND_KEYS):
+        if key == "r01/rollouts":
+            python(["-m", "pipelines", "materialize", "raw_data", "prompts", "r00/checkpoint"], single, timeout=600)
+        python(["-m", "pipelines", "materialize", key], single, timeout=600)
+    return resident, single
+
+
+def test_a_resident_run_and_one_output_at_a_time_give_bit_identical_outputs(resident_and_one_at_a_time):
+    resident, single = resident_and_one_at_a_time
+    assert fingerprints(resident) == fingerprints(single)
+
+
+def test_the_resident_run_loads_the_policy_and_reference_once_and_reports_every_output_on_its_own(resident_and_one_at_a_time):
+    resident, single = resident_and_one_at_a_time
+    events = materializations(resident, ROUND_KEYS)
+    assert len({event.run_id for event in events.values()}) == 1  # one run
+    loads = {key: event.asset_materialization.metadata["models_loaded_from_disk"].value for key, event in events.items() if "rewards" not in key}
+    # r01/rollouts loads r00 as the policy; r01/checkpoint the reference (beta > 0); every later step reuses both
+    assert loads == {"r01/rollouts": 1, "r01/checkpoint": 1, **{f"r{n:02d}/{kind}": 0 for n in (2, 3) for kind in ("rollouts", "checkpoint")}}
+    one_at_a_time = materializations(single, ROUND_KEYS)
+    assert all(one_at_a_time[f"r{n:02d}/rollouts"].asset_materialization.metadata["models_loaded_from_disk"].value == 1 for n in (1, 2, 3))
+    for key, event in events.items():  # each output has its own data version: the content hash, a checkpoint's id
+        path = resident / "data" / (key if key.endswith("checkpoint") else f"{key}.parquet")
+        assert event.asset_materialization.tags["dagster/data_version"] == (checkpoint_id(path) if key.endswith("checkpoint") else content_hash(path))
+        assert key.endswith("rewards") or "heldout_sampled_accuracy" in event.asset_materialization.metadata or key.endswith("rollouts")
+
+
+def test_a_resident_run_keeps_every_guard_on_its_own_output(resident_and_one_at_a_time):
+    resident, _ = resident_and_one_at_a_time
+    with DagsterInstance.from_config(str(resident / ".dagster")) as instance:
+        run_id = instance.get_latest_materialization_event(AssetKey(["r03", "checkpoint"])).run_id
+        checks = [e for e in instance.all_logs(run_id) if e.dagster_event and e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION"]
+    evaluated = {(c.dagster_event.event_specific_data.asset_key.to_user_string(), c.dagster_event.event_specific_data.check_name):
+                 c.dagster_event.event_specific_data for c in checks}
+    assert ("r02/checkpoint", "kl_within_limit") in evaluated and ("r03/rewards", "reward_signal") in evaluated
+    kl = evaluated[("r02/checkpoint", "kl_within_limit")]
+    assert kl.passed and kl.description  # the child's verdict text reaches the UI
+
+
+def test_a_blocking_guard_stops_the_resident_child_at_its_output_and_nothing_after_is_written(micro_template, tmp_path):
+    project = copy_project(micro_template, tmp_path / "project")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params.update(rounds=2, guards={**params["guards"], "kl_max": 1e-12})  # any trained round is "too far" from r00
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
+    failed = python(["-m", "pipelines", "run"], project, timeout=900, check=False)
+    assert failed.returncode != 0
+    assert "blocking guard failed on r01/checkpoint: kl_within_limit" in failed.stdout + failed.stderr
+    assert (project / "data/r01/checkpoint").is_dir()
+    assert not (project / "data/r02/rollouts.parquet").exists() and not (project / "data/evaluation.parquet").exists()
+    assert materializations(project, ["r02/rollouts"])["r02/rollouts"] is None
+
+    # with the limit lifted, the next run starts again at the checkpoint whose guard failed, and finishes
+    params["guards"]["kl_max"] = 100.0
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    rerun = python(["-m", "pipelines", "run"], project, timeout=900)
+    assert "from r01/checkpoint (its blocking check kl_within_limit did not pass" in rerun.stdout + rerun.stderr
+    assert (project / "data/r02/checkpoint").is_dir() and (project / "data/evaluation.parquet").is_file()
