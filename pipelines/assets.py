@@ -14,7 +14,8 @@ from pathlib import Path
 from dagster import AssetExecutionContext, AssetKey, Backoff, MaterializeResult, MetadataValue, PipesSubprocessClient, RetryPolicy, asset
 
 from pipelines.checks import guard_specs
-from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute
+from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute, written_keys
+from rl_assets.config import EPISODE_KEYS
 from rl_assets.paths import checkpoint_key, output_path
 
 def compute_tags() -> dict:
@@ -44,7 +45,7 @@ def base_checkpoint_tracking() -> dict:
     promotion = load_project_params().promotion
     if promotion.warm_start == "promoted":
         return stage_tracking("sft", ["seed", "model", "sft", "promotion.warm_start"], [f"{promotion.directory}/promoted"])
-    return stage_tracking("sft", ["seed", "model", "sft"])
+    return stage_tracking("sft", ["seed", "model", "sft", *EPISODE_KEYS[:3]])  # with sft.demonstration the tools answer the demonstrations
 
 
 def stage_tracking(stage: str, params_sections: list[str], inputs: list[str] | None = None) -> dict:
@@ -59,7 +60,7 @@ def stage_tracking(stage: str, params_sections: list[str], inputs: list[str] | N
 
     params = load_project_params()
     code = [path for path in stage_code(stage, params) if not Path(path).is_absolute()]  # DVC deps live in the project
-    metadata = {"rl_assets/params": params_sections, "rl_assets/code": code}
+    metadata = {"rl_assets/params": written_keys(params_sections), "rl_assets/code": code}
     if inputs:
         metadata["rl_assets/inputs"] = inputs
     return {"metadata": metadata, "code_version": stage_version(stage, params, params_sections)}
@@ -140,7 +141,7 @@ def evaluation_asset(rounds: int):
         pool="gpu",
         op_tags=COMPUTE_TAGS,
         description="Greedy and sampled accuracy of every checkpoint on held-out prompts, with a per-round plot.",
-        **stage_tracking("evaluation", ["seed", "rounds", "evaluation", "rewards"]),
+        **stage_tracking("evaluation", ["seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS]),
         check_specs=guard_specs("evaluation"),
     )
     def evaluation(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:

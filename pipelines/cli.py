@@ -148,8 +148,9 @@ def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -
         data = failure.dagster_event.event_specific_data.user_failure_data
         meta = {k: getattr(v, "value", v) for k, v in (data.metadata if data is not None else {}).items()}
         lines.append(f"failed: {meta.get('output') or names.get(step, step)}{tried}: {_error_text(failure)}")
-        if len(meta.get("not_written") or []) > 1:
-            lines.append(f"not written: {', '.join(meta['not_written'][1:])} (same step, after the failure)")
+        rest = [key for key in meta.get("not_written") or [] if key != meta.get("output")]
+        if rest:
+            lines.append(f"not written: {', '.join(rest)} (same step, after the failure)")
         if path := _log_path(instance, run_id, step, of(DagsterEventType.LOGS_CAPTURED)):
             logs.append(f"log of {names.get(step, step)}: {path}")
     run = instance.get_run_by_id(run_id)

@@ -21,6 +21,7 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
+import yaml
 from dagster import (AssetCheckResult, AssetExecutionContext, AssetKey, ConfigurableResource, DataVersion, Failure, MaterializeResult,
                      PipesSubprocessClient, PreviewWarning, open_pipes_session)
 from dagster._core.errors import DagsterExecutionInterruptedError, DagsterInvalidPropertyError
@@ -83,6 +84,25 @@ def load_project_params() -> Params:
     path = Path(resource.path)
     text = path.read_bytes() if path.is_file() else b""
     return _parsed_params(resource.path, tuple(resource.overrides), text, frozenset(os.environ.items()), str(Path.cwd()))
+
+
+def written_keys(keys: list[str]) -> list[str]:
+    """The params keys a DVC stage can list: every section, and a dotted key (`rollouts.tools`) only where the params file has it.
+
+    DVC refuses to run a stage whose params key is missing from params.yaml; the default it would have is in the code version.
+    """
+    path = Path(ParamsResource().path)
+    raw = yaml.safe_load(path.read_text()) if path.is_file() else {}
+
+    def written(key: str) -> bool:
+        value = raw
+        for part in key.split("."):
+            if not isinstance(value, dict) or part not in value:
+                return False
+            value = value[part]
+        return True
+
+    return [key for key in keys if "." not in key or written(key)]
 
 
 @functools.lru_cache(maxsize=8)

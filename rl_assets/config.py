@@ -150,6 +150,25 @@ class SFTParams(Section):
     learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate of the warm start.")
     max_steps: int = Field(300, ge=1, description="Optimizer steps of the warm start.")
     batch_size: int = Field(64, ge=1, description="Examples per optimizer step.")
+    demonstration: list[str] = Field(default_factory=list, description="The policy's turns of a demonstration episode, format strings over the "
+                                     "prompts row ({problem}, {answer}, {prompt}): the rollouts' tools or environment answer between them "
+                                     "and their tokens carry no loss. Empty: the answer alone.")
+
+
+# The rollouts keys that make a rollout an episode: the evaluation runs its episodes with them too.
+EPISODE_KEYS = ["rollouts.tools", "rollouts.tool_format", "rollouts.environment", "rollouts.max_turns", "rollouts.max_episode_tokens"]
+
+
+class EnvironmentParams(Section):
+    name: str = Field(min_length=1, description="A built-in environment (guess_the_number, tools) or 'module:Class' from your code.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of its constructor.")
+
+    @model_validator(mode="after")
+    def _loadable(self):
+        from rl_assets.environments import load_environment  # builds one now: a bad name or option fails before any compute
+
+        load_environment(self.name, self.options)
+        return self
 
 
 class RolloutsParams(Section):
@@ -161,6 +180,37 @@ class RolloutsParams(Section):
     batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
     logprob_batch_size: int = Field(64, ge=1, description="Sequences per forward pass when recomputing the stored log-probs (memory grows with it).")
     engine: Literal["auto", "transformers", "vllm"] = Field("auto", description="auto: vLLM on a GPU when installed, else batched transformers generate.")
+    tools: list[str] = Field(default_factory=list, description="Tools the policy may call (built in: calculator, python; or module:function "
+                                                               "with type hints and a docstring): rollouts become episodes of calls and results.")
+    tool_format: Literal["tagged", "hermes"] = Field("tagged", description="How calls are written: tagged `<call NAME>ARG</call>` (the embedded "
+                                                                          "model), hermes `<tool_call>{json}</tool_call>` (Qwen2.5 chat templates).")
+    environment: EnvironmentParams | None = Field(None, description="A multi-turn environment instead of tools (built in: guess_the_number).")
+    max_turns: int = Field(4, ge=1, le=64, description="Policy turns per episode (tools or environment); an episode still going after them is truncated.")
+    max_episode_tokens: int = Field(64, ge=1, description="Policy tokens per episode over all its turns (max_new_tokens caps each turn).")
+
+    @model_validator(mode="after")
+    def _one_environment(self):
+        if self.tools and self.environment is not None:
+            raise ValueError("set rollouts.tools or rollouts.environment, not both (the tools are an environment of their own)")
+        if self.episodes and self.engine == "vllm":
+            raise ValueError("rollouts.engine: vllm samples single completions; episodes (tools, environment) use engine: transformers")
+        if self.tools:
+            from rl_assets.environments import load_environment  # checks every tool now: importable, typed, documented
+            from rl_assets.tools import load_tool
+
+            for name in self.tools:
+                load_tool(name)
+            load_environment("tools", {"tools": self.tools, "format": self.tool_format})
+        return self
+
+    @property
+    def episodes(self) -> tuple[str, dict] | None:
+        """(environment name, options) when rollouts are episodes, else None."""
+        if self.tools:
+            return "tools", {"tools": self.tools, "format": self.tool_format}
+        if self.environment is not None:
+            return self.environment.name, self.environment.options
+        return None
 
 
 class RewardFunctionParams(Section):
@@ -312,6 +362,8 @@ class GuardsParams(Section):
     entropy_min: float = Field(0.01, ge=0, description="Mean token entropy (nats) below this counts as a collapsed policy (blocking).")
     reward_drop_max: float = Field(0.1, ge=0, description="Mean rollout reward may fall at most this much below the previous round's (warning).")
     accuracy_drop_max: float = Field(0.05, ge=0, description="Sampled held-out accuracy may fall at most this much below the previous checkpoint's (warning).")
+    tool_error_share_max: float = Field(0.5, ge=0, le=1, description="Share of an episode table's tool calls that may fail (warning).")
+    truncated_episode_share_max: float = Field(0.5, ge=0, le=1, description="Share of episodes that may end at a turn or token limit (warning).")
 
 
 class ScheduleParams(Section):

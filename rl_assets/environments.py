@@ -83,6 +83,7 @@ class ToolEnvironment:
                 raise ValueError(f"two tools are named {function.__name__!r}: {tools}")
             self.tools[function.__name__] = function
         self.format, self.max_calls, self.max_output_chars = format, max_calls, max_output_chars
+        self.stop_strings = ("</call>",) if format == "tagged" else ("</tool_call>",)  # the policy's turn ends with its call
         self.calls, self.results = 0, []
 
     def reset(self, row: dict) -> str:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pyarrow as pa
 
-from rl_assets.config import EvaluationParams, RewardsParams
+from rl_assets.config import EvaluationParams, RewardsParams, RolloutsParams
 from rl_assets.rewards import score_rollouts
 from rl_assets.rollouts import generate
 
@@ -38,13 +38,15 @@ def correctness_function(params: EvaluationParams, rewards: RewardsParams) -> st
 
 
 def score_completions(held_out: pa.Table, completions, samples: int, rewards: RewardsParams) -> pa.Table:
-    """The rewards table of evaluation completions, scored like rollouts (same functions, options and reward inputs)."""
+    """The rewards table of evaluation completions (or episodes), scored like rollouts (same functions, options and reward inputs)."""
     repeat = lambda column: [v for v in held_out[column].to_pylist() for _ in range(samples)]  # noqa: E731
     n = len(completions.texts)
-    table = pa.table({"round": [0] * n, "prompt_id": repeat("prompt_id"), "sample_idx": [i % samples for i in range(n)],
-                      "policy_id": [""] * n, "prompt": repeat("prompt"), "answer": repeat("answer"), "extra": repeat("extra"),
-                      "completion": completions.texts, "completion_ids": completions.completion_ids, "truncated": completions.truncated})
-    return score_rollouts(table, rewards, rollouts_hash="evaluation")
+    columns = {"round": [0] * n, "prompt_id": repeat("prompt_id"), "sample_idx": [i % samples for i in range(n)],
+               "policy_id": [""] * n, "prompt": repeat("prompt"), "answer": repeat("answer"), "extra": repeat("extra"),
+               "completion": completions.texts, "completion_ids": completions.completion_ids, "truncated": completions.truncated}
+    if hasattr(completions, "num_turns"):  # episodes: what the environment reported goes to the rewards too
+        columns.update(num_turns=completions.num_turns, environment_rewards=completions.environment_rewards, tool_calls=completions.tool_calls)
+    return score_rollouts(pa.table(columns), rewards, rollouts_hash="evaluation")
 
 
 def pass_at_k(correct: list[bool], samples: int) -> float:
@@ -58,14 +60,22 @@ def pass_at_k(correct: list[bool], samples: int) -> float:
 
 
 def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: EvaluationParams, seed: int, rewards: RewardsParams,
-                        autocast=None) -> list[dict]:
-    """Two rows, greedy and sampled: accuracy, mean total reward and pass@k of the checkpoint's completions."""
+                        autocast=None, rollouts: RolloutsParams | None = None) -> list[dict]:
+    """Two rows, greedy and sampled: accuracy, mean total reward and pass@k of the checkpoint's completions.
+
+    With tools or an environment (`rollouts.episodes`) each completion is an episode in that environment, with the
+    rollouts' turn and token limits, and the rows add the share of episodes that called a tool.
+    """
     prompts, answers = held_out["prompt"].to_pylist(), held_out["answer"].to_pylist()
     correctness = correctness_function(params, rewards)
     rows = []
     for mode, samples in (("greedy", 1), ("sampled", params.samples_per_prompt)):
-        out = generate(model, tokenizer, prompts, samples, greedy=mode == "greedy", temperature=params.temperature,
-                       max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast)
+        if rollouts is not None and rollouts.episodes is not None:
+            out = _episodes(model, tokenizer, held_out, samples, rollouts, greedy=mode == "greedy", temperature=params.temperature,
+                            max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast)
+        else:
+            out = generate(model, tokenizer, prompts, samples, greedy=mode == "greedy", temperature=params.temperature,
+                           max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast)
         scored = score_completions(held_out, out, samples, rewards)
         correct = [score == 1.0 for score in scored[f"score_{correctness}"].to_pylist()]
         rows.append({
@@ -79,9 +89,21 @@ def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: Evaluation
             "mean_completion_tokens": sum(map(len, out.completion_ids)) / len(out.completion_ids),
             "temperature": 0.0 if mode == "greedy" else params.temperature,
             "seed": seed,
+            "tool_call_rate": sum(bool(calls) for calls in out.tool_calls) / len(out.tool_calls) if hasattr(out, "tool_calls") else None,
             "examples": list(zip(prompts[:5], out.texts[: 5 * samples : samples], answers[:5])),
         })
     return rows
+
+
+def _episodes(model, tokenizer, held_out: pa.Table, samples: int, rollouts: RolloutsParams, **sampling):
+    from rl_assets.environments import load_environment
+    from rl_assets.episodes import sample_episodes
+    from rl_assets.rollouts import eos_token_ids
+
+    name, options = rollouts.episodes
+    return sample_episodes(model, tokenizer, held_out.to_pylist(), samples, load_environment(name, options), name, top_p=1.0,
+                           max_turns=rollouts.max_turns, max_tokens=rollouts.max_episode_tokens, batch_size=rollouts.batch_size,
+                           eos_ids=eos_token_ids(model, tokenizer), **sampling)
 
 
 EVALUATIONS = Path("data") / "evaluations"
@@ -92,8 +114,10 @@ def evaluation_key(params, root: Path, precision: str = "no") -> str:
     from rl_assets.paths import output_path
     from rl_assets.storage import file_hash
 
+    episodes = params.rollouts.episodes  # an evaluation in an environment is another evaluation
+    limits = [episodes, params.rollouts.max_turns, params.rollouts.max_episode_tokens] if episodes else []
     blob = json.dumps([file_hash(output_path("prompts", root)), params.evaluation.model_dump(mode="json"),
-                       params.rewards.model_dump(mode="json"), params.seed] + ([precision] if precision != "no" else []), sort_keys=True)
+                       params.rewards.model_dump(mode="json"), params.seed] + ([precision] if precision != "no" else []) + limits, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
@@ -116,7 +140,7 @@ def evaluated(checkpoint: Path, params, root: Path, device: str, precision: str 
     held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
     model, tokenizer = load() if load is not None else load_policy(checkpoint, device, dtype=weights_dtype(precision))
     rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
-                               autocast=compute_autocast(precision, device))
+                               autocast=compute_autocast(precision, device), rollouts=params.rollouts)
     text = json.dumps(rows, default=list)
     with atomic_path(cached) as tmp:
         tmp.write_text(text + "\n")

@@ -95,6 +95,24 @@ def rewards_have_signal(rewards: pa.Table) -> Check:
     return True, f"{len(spread) - equal} of {len(spread)} groups have differing rewards", meta
 
 
+def tool_errors_within_limit(rollouts: pa.Table, maximum: float) -> Check:
+    """At most `maximum` of the episodes' tool calls failed (malformed, unknown tool, bad arguments, the tool raised)."""
+    calls = [call for made in rollouts["tool_calls"].to_pylist() for call in made or []]
+    if not calls:
+        return _skipped("no tool calls in this table")
+    share = sum(call["error"] is not None for call in calls) / len(calls)
+    return share <= maximum, f"{share:.1%} of {len(calls)} tool calls failed (at most {maximum:.0%})", {"tool_error_share": share, "tool_calls": len(calls)}
+
+
+def truncated_episodes_within_limit(rollouts: pa.Table, maximum: float) -> Check:
+    """At most `maximum` of the episodes ended at a turn or token limit instead of by the environment."""
+    episodes = [truncated for truncated, environment in zip(rollouts["truncated"].to_pylist(), rollouts["environment"].to_pylist()) if environment]
+    if not episodes:
+        return _skipped("single completions, not episodes")
+    share = sum(episodes) / len(episodes)
+    return share <= maximum, f"{share:.1%} of {len(episodes)} episodes were truncated (at most {maximum:.0%})", {"truncated_share": share}
+
+
 def reward_not_regressed(mean: float, previous_mean: float | None, max_drop: float) -> Check:
     """This round's mean rollout reward at most `max_drop` below the previous round's."""
     if previous_mean is None:

@@ -123,4 +123,24 @@ def connect_tables(root: Path = Path("."), models: str = "models") -> duckdb.Duc
             connection.execute(f"create view {name} as select * from {relation}")
         except duckdb.Error:
             continue  # no such files yet (e.g. before the first round); read_parquet still works for anything else
+    for name, query in EPISODE_VIEWS.items():
+        try:
+            connection.execute(f"create view {name} as {query}")
+        except duckdb.Error:
+            continue  # no rollouts yet, or only tables written before episodes (no such columns)
     return connection
+
+
+# Episodes (rollouts with tools or an environment), one row each, and per round: how often the policy called a tool,
+# how many turns an episode took, how many calls failed and how many episodes a limit cut off.
+EPISODE_VIEWS = {
+    "episodes": """select round, prompt_id, sample_idx, policy_id, environment, num_turns, truncated, completion,
+                          len(coalesce(tool_calls, [])) as tool_calls,
+                          len(list_filter(coalesce(tool_calls, []), lambda c: c.error is not null)) as tool_errors,
+                          list_sum(completion_mask) as policy_tokens, len(completion_ids) as tokens, environment_rewards
+                   from rollouts where environment is not null""",
+    "episode_stats": """select round, count(*) as episodes, avg((tool_calls > 0)::int) as tool_call_rate, avg(num_turns) as turns_per_episode,
+                               sum(tool_errors) / nullif(sum(tool_calls), 0) as tool_error_share, avg(truncated::int) as truncated_share,
+                               sum(policy_tokens) / sum(tokens) as policy_token_share
+                        from episodes group by round order by round""",
+}

@@ -7,6 +7,7 @@ turns the same table into Dagster check specs and results.
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -25,7 +26,9 @@ CHECKPOINT = {
     "entropy_not_collapsed": (True, "Mean token entropy of the policy at least guards.entropy_min."),
     "lineage": (True, "Checkpoint id is the weights' hash; parent and training tables match the files on disk."),
 }
-ROLLOUTS = {**TABLE, "lineage": (True, "Sampled by the previous checkpoint on disk, from the prompts file on disk.")}
+ROLLOUTS = {**TABLE, "lineage": (True, "Sampled by the previous checkpoint on disk, from the prompts file on disk."),
+            "tool_errors": (False, "Episodes: at most guards.tool_error_share_max of the tool calls failed."),
+            "truncated_episodes": (False, "Episodes: at most guards.truncated_episode_share_max ended at a turn or token limit.")}
 REWARDS = {
     **TABLE,
     "lineage": (True, "Scores every rollout of the rollouts file on disk."),
@@ -38,9 +41,16 @@ Guards = dict[str, Callable[[], guards.Check]]
 
 
 def _read(key: str, name: str):
+    """The table as on disk now, read once however many guards look at it."""
+    path = output_path(key)
+    return _read_version(path, name, path.stat().st_mtime_ns if path.is_file() else None)
+
+
+@functools.lru_cache(maxsize=4)
+def _read_version(path: Path, name: str, mtime_ns: int | None):
     from rl_assets.schemas import read_table
 
-    return read_table(output_path(key), name)
+    return read_table(path, name)
 
 
 def _mean_reward(key: str) -> float:
@@ -72,7 +82,9 @@ def _rollouts(n: int):
     key = f"{round_prefix(n)}/rollouts"
     return ROLLOUTS, lambda p: {
         "schema": lambda: guards.table_schema(output_path(key), "rollouts"),
-        "lineage": lambda: guards.rollouts_lineage(_read(key, "rollouts"), output_path(checkpoint_key(n - 1)), output_path("prompts"))}
+        "lineage": lambda: guards.rollouts_lineage(_read(key, "rollouts"), output_path(checkpoint_key(n - 1)), output_path("prompts")),
+        "tool_errors": lambda: guards.tool_errors_within_limit(_read(key, "rollouts"), p.guards.tool_error_share_max),
+        "truncated_episodes": lambda: guards.truncated_episodes_within_limit(_read(key, "rollouts"), p.guards.truncated_episode_share_max)}
 
 
 def _rewards(n: int):

@@ -19,6 +19,28 @@ def markdown_table(header: list[str], rows: list[list]) -> str:
     return "\n".join(lines + ["| " + " | ".join(escape(v) for v in row) + " |" for row in rows])
 
 
+def episodes_markdown(rows: list[dict], count: int = 3) -> str:
+    """A few episodes turn by turn: who wrote each turn, what it says, and the tool calls made in it.
+
+    >>> print(episodes_markdown([{"prompt": "2*3=", "answer": "6", "environment_rewards": '{"tool_calls": 1.0}',
+    ...     "turns": [{"role": "assistant", "text": "<call calculator>2*3</call>"}, {"role": "environment", "text": "<result>6</result>"},
+    ...               {"role": "assistant", "text": "6"}]}]))
+    **2*3=** (answer 6; rewards {"tool_calls": 1.0})
+    <BLANKLINE>
+    | turn | role | text |
+    |---|---|---|
+    | 1 | assistant | <call calculator>2*3</call> |
+    | 2 | environment | <result>6</result> |
+    | 3 | assistant | 6 |
+    """
+    parts = []
+    for row in rows[:count]:
+        turns = [[i, t["role"], t["text"]] for i, t in enumerate(row["turns"] or [], 1)]
+        parts.append(f"**{row['prompt']}** (answer {row['answer']}; rewards {row['environment_rewards']})\n\n"
+                     + markdown_table(["turn", "role", "text"], turns))
+    return "\n\n".join(parts)
+
+
 def accuracy_plot(report: list[dict], reward_means: dict[int, float], path: Path) -> str:
     """Accuracy per checkpoint (greedy, sampled) and mean rollout reward per round, saved at `path`; returns base64 PNG."""
     import matplotlib

@@ -17,7 +17,7 @@ from typing import Iterator
 
 from rl_assets.config import Params
 from rl_assets.loaded import Loaded
-from rl_assets.output_guards import GuardResult, evaluate_guards, stop_if_blocked
+from rl_assets.output_guards import GuardFailed, GuardResult, evaluate_guards, stop_if_blocked
 from rl_assets.paths import flow_order, stage_of
 from rl_assets.stages import run_stage
 
@@ -54,4 +54,8 @@ def write_outputs(keys: list[str], params: Params, root: Path = Path("."), loade
             metadata = {**metadata, "models_loaded_from_disk": sum(loaded.loads.values()) - before}
         results = evaluate_guards(key, params) if guard and (not dist.is_initialized() or dist.get_rank() == 0) else []
         yield Output(key, metadata, path, results)
-        stop_if_blocked(key, results)
+        try:
+            stop_if_blocked(key, results)
+        except GuardFailed as error:
+            error.add_note(f"{WRITING}{key}")
+            raise

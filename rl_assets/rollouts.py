@@ -175,7 +175,7 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
 
 
 def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
-                  temperature: float = 1.0, max_logits: int = 2**25) -> tuple[float, float]:
+                  temperature: float = 1.0, max_logits: int = 2**25, masks: list[list[int]] | None = None) -> tuple[float, float]:
     """Exact KL(model || ref_model) summed over the vocabulary at every completion position: (sum over tokens, tokens).
 
     Rows with the same prompt length share their completion columns once right-padded, so each
@@ -198,7 +198,8 @@ def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids:
                 logp = [torch.log_softmax(m(input_ids=input_ids, attention_mask=attention, logits_to_keep=span + 1).logits[:, :-1].float()
                                           / temperature, dim=-1) for m in (model, ref_model)]
                 per_position = (logp[0].exp() * (logp[0] - logp[1])).sum(dim=-1)  # (n, span)
-                mask = torch.tensor([[1.0] * len(completion_ids[r]) + [0.0] * (span - len(completion_ids[r])) for r in chunk], device=device)
+                mask = torch.tensor([(masks[r] if masks is not None else [1.0] * len(completion_ids[r])) + [0.0] * (span - len(completion_ids[r]))
+                                     for r in chunk], device=device, dtype=torch.float32)  # `masks`: the policy's own tokens only
                 total += (per_position * mask).sum().item()
                 tokens += mask.sum().item()
     return total, tokens
@@ -228,7 +229,16 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
     sample_seed = seed * 1000 + round_number
     G = params.samples_per_prompt
     device = str(next(model.parameters()).device)
-    if model_path is not None and resolve_engine(params.engine, device) == "vllm":
+    if params.episodes is not None:  # tools or an environment: multi-turn episodes (rl_assets.episodes)
+        from rl_assets.environments import load_environment
+        from rl_assets.episodes import sample_episodes
+
+        name, options = params.episodes
+        result = sample_episodes(model, tokenizer, chosen.to_pylist(), G, load_environment(name, options), name, greedy=False,
+                                 temperature=params.temperature, top_p=params.top_p, max_new_tokens=params.max_new_tokens,
+                                 max_turns=params.max_turns, max_tokens=params.max_episode_tokens, batch_size=params.batch_size,
+                                 seed=sample_seed, eos_ids=eos_token_ids(model, tokenizer), autocast=autocast)
+    elif model_path is not None and resolve_engine(params.engine, device) == "vllm":
         engine = loaded.engine if loaded is not None and loaded.engine is not None else VllmEngine(model_path, seed=sample_seed)
         if loaded is not None:
             loaded.engine = engine
@@ -246,6 +256,10 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
                                            tokenizer.pad_token_id, params.temperature)
             logprobs += [row[: int(m.sum())].tolist() for row, m in zip(lp.cpu(), mask.cpu())]
     n = len(result.texts)
+    episodes = getattr(result, "completion_mask", None) is not None
+    if episodes:  # an environment's tokens are not the policy's: no log-prob of theirs is kept
+        logprobs = [[value if keep else 0.0 for value, keep in zip(row, mask)] for row, mask in zip(logprobs, result.completion_mask)]
+    episode_column = lambda name: getattr(result, name) if episodes else [None] * n  # noqa: E731
     repeat = lambda column: [v for v in chosen[column].to_pylist() for _ in range(G)]  # noqa: E731
     return pa.table(
         {
@@ -267,6 +281,12 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
             "max_new_tokens": [params.max_new_tokens] * n,
             "seed": [sample_seed] * n,
             "prompts_hash": [prompts_hash] * n,
+            "completion_mask": episode_column("completion_mask"),
+            "turns": episode_column("turns"),
+            "tool_calls": episode_column("tool_calls"),
+            "num_turns": result.num_turns if episodes else [1] * n,
+            "environment": [params.episodes[0]] * n if episodes else [None] * n,
+            "environment_rewards": episode_column("environment_rewards"),
         },
         schema=ROLLOUTS,
     )

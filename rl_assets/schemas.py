@@ -15,6 +15,9 @@ import pyarrow.parquet as pq
 from rl_assets.storage import atomic_path
 
 SCHEMA_VERSION = 3  # 2: `extra` (JSON object of reward inputs) in raw_data, prompts and rollouts; 3: rollouts' sampler_logprobs
+# Tables whose schema moved on since; each still reads the version before it (`_UPGRADES`).
+# rollouts 4: episodes (completion_mask, turns, tool_calls, num_turns, environment, environment_rewards); evaluation 4: tool_call_rate
+TABLE_VERSIONS = {"rollouts": 4, "evaluation": 4}
 
 RAW_DATA = pa.schema(
     [
@@ -62,8 +65,17 @@ ROLLOUTS = pa.schema(
         ("max_new_tokens", pa.int32()),
         ("seed", pa.int64()),
         ("prompts_hash", pa.string()),
+        # Episodes (rollouts.tools or rollouts.environment); a single completion has mask, turns, tool calls and environment null.
+        ("completion_mask", pa.list_(pa.int8())),  # per completion token: 1 written by the policy (trained on), 0 by a tool or environment
+        ("turns", pa.list_(pa.struct([("role", pa.string()), ("text", pa.string()), ("start", pa.int32()), ("end", pa.int32())]))),
+        ("tool_calls", pa.list_(pa.struct([("turn", pa.int32()), ("name", pa.string()), ("arguments", pa.string()),
+                                           ("output", pa.string()), ("error", pa.string())]))),
+        ("num_turns", pa.int32()),  # policy turns; 1 for a single completion
+        ("environment", pa.string()),
+        ("environment_rewards", pa.string()),  # JSON object: the environment's reward parts summed over the episode
     ]
 )
+EPISODE_COLUMNS = ("completion_mask", "turns", "tool_calls", "num_turns", "environment", "environment_rewards")
 
 EVALUATION = pa.schema(
     [
@@ -79,6 +91,7 @@ EVALUATION = pa.schema(
         ("mean_completion_tokens", pa.float64()),
         ("temperature", pa.float64()),
         ("seed", pa.int64()),
+        ("tool_call_rate", pa.float64()),  # episodes with at least one tool call; null without tools
     ]
 )
 
@@ -104,7 +117,23 @@ def reward_function_names(rewards: pa.Table) -> list[str]:
 
 
 def _tagged(schema: pa.Schema, name: str) -> pa.Schema:
-    return schema.with_metadata({b"rl_assets.schema": name.encode(), b"rl_assets.schema_version": str(SCHEMA_VERSION).encode()})
+    version = TABLE_VERSIONS.get(name, SCHEMA_VERSION)
+    return schema.with_metadata({b"rl_assets.schema": name.encode(), b"rl_assets.schema_version": str(version).encode()})
+
+
+def _single_turn(table: pa.Table) -> pa.Table:
+    """A rollouts table of v3 (single completions) as v4: no episode columns but one turn each."""
+    for name in EPISODE_COLUMNS:
+        column = pa.array([1] * table.num_rows, pa.int32()) if name == "num_turns" else pa.nulls(table.num_rows, ROLLOUTS.field(name).type)
+        table = table.append_column(ROLLOUTS.field(name), column)
+    return table
+
+
+def _without_tools(table: pa.Table) -> pa.Table:
+    return table.append_column(EVALUATION.field("tool_call_rate"), pa.nulls(table.num_rows, pa.float64()))
+
+
+_UPGRADES = {("rollouts", "3"): _single_turn, ("evaluation", "3"): _without_tools}
 
 
 def write_table(table: pa.Table, path: str | Path, schema: pa.Schema, name: str, lineage: dict | None = None) -> Path:
@@ -143,6 +172,9 @@ def read_table(path: str | Path, name: str) -> pa.Table:
     meta = table.schema.metadata or {}
     found = meta.get(b"rl_assets.schema", b"?").decode()
     version = meta.get(b"rl_assets.schema_version", b"?").decode()
-    if found != name or version != str(SCHEMA_VERSION):
-        raise ValueError(f"{path}: expected table {name!r} v{SCHEMA_VERSION}, found {found!r} v{version}")
+    expected = str(TABLE_VERSIONS.get(name, SCHEMA_VERSION))
+    if found == name and (name, version) in _UPGRADES:
+        return _UPGRADES[(name, version)](table)
+    if found != name or version != expected:
+        raise ValueError(f"{path}: expected table {name!r} v{expected}, found {found!r} v{version}")
     return table

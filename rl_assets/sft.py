@@ -63,15 +63,56 @@ def sft_examples(tokenizer, prompts: list[str], answers: list[str]) -> dict[str,
             "completion_mask": [[0] * len(p) + [1] * len(a) for p, a in zip(prompt_ids, answer_ids)]}
 
 
-def warm_start(model, tokenizer, prompts: pa.Table, params: SFTParams, seed: int, use_cpu: bool = True) -> dict:
-    """Fine-tune `model` in place on (prompt, answer) pairs of the `sft` split; returns metrics."""
+def demonstration_examples(tokenizer, rows: list[dict], turns: list[str], make_environment, name: str) -> dict[str, list]:
+    """Demonstration episodes: each of `turns` (filled from the row) is the policy's, and the environment's real answers come between.
+
+    The same token layout as a sampled episode (rl_assets.episodes), with the environment's tokens out of the loss.
+    """
+    from rl_assets.episodes import observation_ids
+
+    examples = {"input_ids": [], "completion_mask": []}
+    eos = tokenizer.eos_token_id
+    for row in rows:
+        environment = make_environment()
+        prompt = encode_prompts(tokenizer, [environment.reset(dict(row))])[0]
+        ids, mask = list(prompt), [0] * len(prompt)
+        for index, template in enumerate(turns):
+            try:
+                text = template.format(**row)
+            except (KeyError, IndexError) as error:
+                raise ValueError(f"sft.demonstration[{index}]: {template!r} names {error}, which prompts rows lack; they have {sorted(row)}") from None
+            turn = tokenizer(text, add_special_tokens=False)["input_ids"] + ([eos] if index == len(turns) - 1 else [])
+            ids, mask = ids + turn, mask + [1] * len(turn)
+            if index < len(turns) - 1:
+                observation, _, done = environment.step(text)
+                if done or observation is None:
+                    raise ValueError(f"sft.demonstration: environment {name!r} ended the episode after turn {index + 1} of {len(turns)} "
+                                     f"for prompt_id={row.get('prompt_id')!r} ({text!r})")
+                seen = observation_ids(tokenizer, observation, False, None)
+                ids, mask = ids + seen, mask + [0] * len(seen)
+        examples["input_ids"].append(ids)
+        examples["completion_mask"].append(mask)
+    return examples
+
+
+def warm_start(model, tokenizer, prompts: pa.Table, params: SFTParams, seed: int, use_cpu: bool = True,
+               episodes: tuple[str, dict] | None = None) -> dict:
+    """Fine-tune `model` in place on the `sft` split: (prompt, answer) pairs, or demonstration episodes in `episodes`' environment."""
     from datasets import Dataset
     from trl import SFTTrainer
 
     train = prompts.filter(pa.compute.equal(prompts["split"], "sft"))
     if train.num_rows == 0:
         raise ValueError("prompts table has no 'sft' split rows; raise prompts.sft_fraction or set sft.enabled: false")
-    dataset = Dataset.from_dict(sft_examples(tokenizer, train["prompt"].to_pylist(), train["answer"].to_pylist()))
+    if params.demonstration:
+        from rl_assets.environments import load_environment
+
+        if episodes is None:
+            raise ValueError("sft.demonstration needs rollouts.tools or rollouts.environment: the environment answers between its turns")
+        examples = demonstration_examples(tokenizer, train.to_pylist(), params.demonstration, load_environment(*episodes), episodes[0])
+    else:
+        examples = sft_examples(tokenizer, train["prompt"].to_pylist(), train["answer"].to_pylist())
+    dataset = Dataset.from_dict(examples)
     with tempfile.TemporaryDirectory(prefix="rl-assets-sft-") as scratch:
         trainer = SFTTrainer(model=model, args=sft_config(params, scratch, seed, use_cpu), train_dataset=dataset, processing_class=tokenizer)
         result = trainer.train()

@@ -19,10 +19,10 @@ import torch
 import torch.distributed as dist
 
 from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
-from rl_assets.config import Params
+from rl_assets.config import EPISODE_KEYS, Params
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix, train_state_dir
 from rl_assets.precision import compute_autocast, resolve_mixed_precision, weights_dtype
-from rl_assets.reports import accuracy_plot, markdown_table
+from rl_assets.reports import accuracy_plot, episodes_markdown, markdown_table
 from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, table_lineage, write_table
 from rl_assets.stage_code import stage_lineage
 from rl_assets.storage import file_hash
@@ -48,11 +48,12 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
         metrics, parent, trained_on, algorithm = {}, checkpoint_id(promoted), {}, "promoted"
     else:
         model, tokenizer = load_base_model(params.model, params.seed)
-        metrics = warm_start(model, tokenizer, prompts, params.sft, params.seed, use_cpu=device == "cpu") if params.sft.enabled else {}
+        metrics = (warm_start(model, tokenizer, prompts, params.sft, params.seed, use_cpu=device == "cpu", episodes=params.rollouts.episodes)
+                   if params.sft.enabled else {})
         parent, trained_on = params.model.name_or_path, {"prompts": file_hash(prompts_path)} if params.sft.enabled else {}
         algorithm = "sft" if params.sft.enabled else "none"
     lineage = {"round": 0, "parent": parent, "trained_on": trained_on, "algorithm": algorithm,
-               "params_hash": params.section_hash("seed", "model", "sft"), **stage_lineage("sft", params, ["seed", "model", "sft"]),
+               "params_hash": params.section_hash("seed", "model", "sft"), **stage_lineage("sft", params, ["seed", "model", "sft", *EPISODE_KEYS[:3]]),
                "metrics": metrics, "num_parameters": sum(p.numel() for p in model.parameters())}
     path = output_path(checkpoint_key(0), root)
     if dist.is_initialized() and dist.get_rank() != 0:
@@ -83,10 +84,18 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
                 lineage=stage_lineage("rollouts", params, ["seed", "rollouts"]))
     lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
     samples = [[p, c, a] for p, c, a in zip(table["prompt"].to_pylist()[:8], table["completion"].to_pylist()[:8], table["answer"].to_pylist()[:8])]
-    return {"rows": table.num_rows, "prompts": table.num_rows // params.rollouts.samples_per_prompt,
-            "mean_completion_tokens": sum(lengths) / len(lengths), "truncated_share": sum(table["truncated"].to_pylist()) / table.num_rows,
-            "completion_tokens_per_second": sum(lengths) / elapsed if elapsed else 0.0,  # sampling plus the log-prob pass
-            "samples": {"type": "md", "raw_value": markdown_table(["prompt", "completion", "answer"], samples)}}
+    metadata = {"rows": table.num_rows, "prompts": table.num_rows // params.rollouts.samples_per_prompt,
+                "mean_completion_tokens": sum(lengths) / len(lengths), "truncated_share": sum(table["truncated"].to_pylist()) / table.num_rows,
+                "completion_tokens_per_second": sum(lengths) / elapsed if elapsed else 0.0,  # sampling plus the log-prob pass
+                "samples": {"type": "md", "raw_value": markdown_table(["prompt", "completion", "answer"], samples)}}
+    if params.rollouts.episodes is not None:
+        calls = table["tool_calls"].to_pylist()
+        made = [call for episode in calls for call in episode]
+        metadata.update(mean_turns=sum(table["num_turns"].to_pylist()) / table.num_rows, tool_call_rate=sum(map(bool, calls)) / table.num_rows,
+                        tool_calls=len(made), tool_error_share=sum(c["error"] is not None for c in made) / len(made) if made else 0.0,
+                        policy_token_share=sum(map(sum, table["completion_mask"].to_pylist())) / max(sum(lengths), 1),
+                        episodes={"type": "md", "raw_value": episodes_markdown(table.to_pylist())})
+    return metadata
 
 
 def run_rewards(params: Params, round_number: int, root: Path) -> dict:
@@ -192,7 +201,7 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
             report.append({"checkpoint": checkpoint_key(round_number), "checkpoint_id": checkpoint_id(path), **row})
     table = pa.Table.from_pylist(report, schema=EVALUATION)
     write_table(table, output_path("evaluation", root), EVALUATION, "evaluation",
-                lineage=stage_lineage("evaluation", params, ["seed", "rounds", "evaluation", "rewards"]))
+                lineage=stage_lineage("evaluation", params, ["seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS]))
     summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_{metric}": round(r[metric], 4)
                for r in report for metric in ("accuracy", "reward_mean", "pass_at_k")}
     import json

@@ -3,7 +3,7 @@
 A tool is a Python function with type hints and a Google-style docstring (`Args:` naming every
 parameter), the shape TRL's `tools=` and transformers chat templates take; `tool_schema` gives its
 JSON schema. Built in: `calculator` (exact arithmetic, no eval) and `python` (the bubblewrap sandbox
-of `rewards/sandbox.py`). Others load as `package.module:function` from the project.
+of `sandbox.py`). Others load as `package.module:function` from the project.
 
 Two call formats:
 
@@ -33,7 +33,7 @@ from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
 
-from rl_assets.rewards.sandbox import Limits, require_sandbox, run_sandboxed
+from rl_assets.sandbox import Limits, require_sandbox, run_sandboxed
 from rl_assets.user_code import load_named
 
 FORMATS = ("hermes", "tagged")  # see the module docstring

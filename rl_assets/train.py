@@ -75,6 +75,15 @@ def advantages_for(params: TrainParams, reward: torch.Tensor, group_size: int) -
     return group_advantages(reward, group_size, scale=params.scale_rewards)
 
 
+def policy_masks(rollouts: pa.Table) -> list[list[int]]:
+    """Per completion token, 1 where the policy wrote it: an episode's `completion_mask`, all ones for a single completion.
+
+    Tool and environment tokens (0) carry no loss, no KL and no share of the loss normalisation.
+    """
+    stored = rollouts["completion_mask"].to_pylist() if "completion_mask" in rollouts.column_names else [None] * rollouts.num_rows
+    return [mask if mask is not None else [1] * len(ids) for mask, ids in zip(stored, rollouts["completion_ids"].to_pylist())]
+
+
 def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
     out = torch.zeros(len(rows), width)
     for i, row in enumerate(rows):
@@ -108,10 +117,11 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     prompt_ids, completion_ids = table["prompt_ids"].to_pylist(), table["completion_ids"].to_pylist()
     stored = table["logprobs"].to_pylist()
     sampler = table["sampler_logprobs"].to_pylist() if params.sampler_correction_cap is not None else [None] * len(stored)
+    policy = policy_masks(table)
     keep = torch.ones(len(prompt_ids))
     if params.mask_truncated_completions:  # a cut-off answer is neither right nor wrong: leave it out of the loss
         keep = (~torch.tensor(table["truncated"].to_pylist(), dtype=torch.bool)).float()
-    tokens_of = torch.tensor([len(c) for c in completion_ids], dtype=torch.float64) * keep.double()
+    tokens_of = torch.tensor([sum(m) for m in policy], dtype=torch.float64) * keep.double()
     n, minibatch = len(prompt_ids), params.minibatch_size
     if n < rollouts.num_rows:  # as many steps as the whole table would take: dropping saves compute, not updates
         minibatch = max(world * accum, params.minibatch_size * n // rollouts.num_rows // (world * accum) * (world * accum))
@@ -164,7 +174,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
                 with accelerator.autocast(), (accelerator.no_sync(model) if not sync else contextlib.nullcontext()):
                     logprobs, mask, entropy = completion_logprobs(model, [prompt_ids[i] for i in rows], [completion_ids[i] for i in rows],
                                                                   pad_id, temperature, with_entropy=True)
-                    mask = mask * keep[rows].to(mask.device)[:, None]
+                    mask = mask * keep[rows].to(mask.device)[:, None] * _pad([policy[i] for i in rows], mask.shape[1]).to(mask.device)
                     old = _pad([stored[i] for i in rows], logprobs.shape[1]).to(logprobs.device)
                     weights = None
                     if any(sampler[i] is not None for i in rows):
@@ -267,7 +277,7 @@ def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperatu
     Measured whatever `train.beta` is: the guard that stops drifting runs reads it.
     """
     prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist()[:max_rows], rollouts["completion_ids"].to_pylist()[:max_rows]
-    total, tokens = completion_kl(model, ref_model, prompt_ids, completion_ids, pad_id, temperature)
+    total, tokens = completion_kl(model, ref_model, prompt_ids, completion_ids, pad_id, temperature, masks=policy_masks(rollouts)[:max_rows])
     return total / max(tokens, 1.0)
 
 

@@ -7,8 +7,8 @@ trainer, and tests with a list of strings. Settings come from `rewards.functions
 bound with `functools.partial`; a None score means "does not apply" and adds 0 to the total.
 
 Built in: math answers (`math_answers.py`), LaTeX/symbolic answers through math-verify (`symbolic.py`),
-text shape (`text.py`), running code against tests (`code_execution.py`) and a sequence-classification
-reward model (`reward_model.py`).
+text shape (`text.py`), running code against tests (`code_execution.py`), a sequence-classification
+reward model (`reward_model.py`) and, for episodes, the environment's reward parts and tool success (`episodes.py`).
 """
 
 from __future__ import annotations
@@ -24,6 +24,7 @@ import pyarrow as pa
 
 from rl_assets.config import RewardsParams
 from rl_assets.rewards.code_execution import code_execution
+from rl_assets.rewards.episodes import environment_reward, tool_success
 from rl_assets.rewards.math_answers import answer_format, arithmetic_answer, math_answer
 from rl_assets.rewards.reward_model import reward_model
 from rl_assets.rewards.symbolic import math_verify
@@ -32,7 +33,7 @@ from rl_assets.schemas import reward_function_names, rewards_schema
 from rl_assets.user_code import load_named
 
 BUILT_IN = {f.__name__: f for f in (math_answer, math_verify, arithmetic_answer, answer_format, format_regex, required_tags,
-                                    length_penalty, repetition_penalty, code_execution, reward_model)}
+                                    length_penalty, repetition_penalty, code_execution, reward_model, environment_reward, tool_success)}
 
 # The rollout columns every reward function receives as keyword arguments.
 COLUMNS = ("prompt", "answer", "prompt_id", "completion_ids", "truncated")
@@ -95,6 +96,10 @@ def reward_kwargs(rollouts: pa.Table) -> dict[str, list]:
     """
     kwargs = {column: rollouts[column].to_pylist() for column in COLUMNS}
     kwargs["prompts"] = kwargs["prompt"]  # TRL's name, so a function written for TRL's trainers runs here unchanged
+    if "tool_calls" in rollouts.column_names and rollouts["tool_calls"].null_count < rollouts.num_rows:  # episodes: what the environment reported
+        kwargs["num_turns"] = rollouts["num_turns"].to_pylist()
+        kwargs["environment_rewards"] = [json.loads(text) if text else {} for text in rollouts["environment_rewards"].to_pylist()]
+        kwargs["tool_calls"] = [calls or [] for calls in rollouts["tool_calls"].to_pylist()]
     if "extra" not in rollouts.column_names:
         return kwargs
     rows = []

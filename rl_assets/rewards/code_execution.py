@@ -50,7 +50,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rl_assets.rewards.sandbox import Limits, Sandbox, require_sandbox, run_sandboxed, sandbox_python
+from rl_assets.sandbox import Limits, Sandbox, require_sandbox, run_sandboxed, sandbox_python
 
 _FENCED = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 JUDGE = Path(__file__).with_name("judge.py")

@@ -1,4 +1,4 @@
-"""rewards/code_execution.py, rewards/judge.py and rewards/sandbox.py: tests pass and fail as they should, the
+"""rewards/code_execution.py, rewards/judge.py and sandbox.py: tests pass and fail as they should, the
 sandbox is what it claims, and without one nothing runs. Hostile programs: test_sandbox_hostile.py."""
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from rl_assets.rewards.code_execution import code_execution, extract_program, judge_program, run_tests
-from rl_assets.rewards.sandbox import AUDIT_ARCHES, Limits, run_sandboxed
+from rl_assets.sandbox import AUDIT_ARCHES, Limits, run_sandboxed
 
 REPO = Path(__file__).resolve().parents[2]
 FAST = Limits(cpu_seconds=2, memory_mb=512, wall_seconds=5)
@@ -160,7 +160,7 @@ def test_a_run_leaves_nothing_behind_on_the_host():
 NO_SANDBOX_SCRIPT = """
 import json, sys
 from rl_assets.rewards.code_execution import code_execution
-from rl_assets.rewards.sandbox import SandboxUnavailable
+from rl_assets.sandbox import SandboxUnavailable
 print(json.dumps(code_execution(["x"], tests=[None])))  # nothing to run: no sandbox needed
 try:
     code_execution(["open({marker!r}, 'w').write('ran')\\nDONE = True"], tests=[["assert DONE"]])

@@ -37,7 +37,7 @@ from string import Template
 
 import pytest
 
-from rl_assets.rewards.sandbox import AUDIT_ARCHES, DENIED_SYSCALLS, SANDBOX_UIDS
+from rl_assets.sandbox import AUDIT_ARCHES, DENIED_SYSCALLS, SANDBOX_UIDS
 
 pytestmark = pytest.mark.e2e
 
@@ -658,7 +658,7 @@ for name, path in json.loads(sys.argv[1]).items():  # the reward's modules, with
     module = types.ModuleType(name)
     module.__path__ = [path]
     sys.modules[name] = module
-from rl_assets.rewards import sandbox
+from rl_assets import sandbox
 from rl_assets.rewards.code_execution import code_execution
 for line in sys.stdin:
     job = json.loads(line)

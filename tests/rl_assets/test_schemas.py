@@ -6,8 +6,15 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rl_assets.schemas import (EVALUATION, PROMPTS, RAW_DATA, ROLLOUTS, SCHEMA_VERSION, read_table, reward_function_names,
-                               rewards_schema, write_table)
+from rl_assets.schemas import (EPISODE_COLUMNS, EVALUATION, PROMPTS, RAW_DATA, ROLLOUTS, SCHEMA_VERSION, TABLE_VERSIONS, read_table,
+                               reward_function_names, rewards_schema, write_table)
+
+# An episode: a tool call (policy), its result (the tool's tokens), the answer (policy).
+EPISODE = {"completion_mask": [1, 1, 0, 0, 1], "num_turns": 2, "environment": "tools", "environment_rewards": '{"tool_calls": 1.0}',
+           "turns": [{"role": "assistant", "text": "<c>", "start": 0, "end": 2}, {"role": "environment", "text": "<r>", "start": 2, "end": 4},
+                     {"role": "assistant", "text": "3", "start": 4, "end": 5}],
+           "tool_calls": [{"turn": 1, "name": "calculator", "arguments": '{"expression": "1+2"}', "output": "3", "error": None}]}
+SINGLE = {"completion_mask": None, "turns": None, "tool_calls": None, "num_turns": 1, "environment": None, "environment_rewards": None}
 
 SAMPLES = {
     "raw_data": (RAW_DATA, [
@@ -22,13 +29,14 @@ SAMPLES = {
         {"round": 1, "prompt_id": "p", "sample_idx": s, "prompt": "1+2=", "answer": "3", "extra": "{}", "completion": "3",
          "prompt_ids": [1, 5, 67, 6, 71], "completion_ids": [7, 2][: s + 1], "logprobs": [-0.5, -1.25][: s + 1],
          "sampler_logprobs": None if s == 0 else [-0.5, -1.5], "truncated": s == 0, "policy_id": "ckpt", "temperature": 1.0, "top_p": 0.5, "max_new_tokens": 4, "seed": 1001,
-         "prompts_hash": "h"}
+         "prompts_hash": "h", **(SINGLE if s == 0 else {**EPISODE, "completion_ids": [7, 2, 9, 9, 3], "logprobs": [-0.5, -1.25, 0.0, 0.0, -0.75],
+                                                         "sampler_logprobs": None})}
         for s in range(2)
     ]),
     "evaluation": (EVALUATION, [
         {"checkpoint": "r00/checkpoint", "checkpoint_id": "id0", "mode": "greedy", "accuracy": 0.25, "reward_mean": 0.3,
          "pass_at_k": 0.25, "correctness": "arithmetic_answer", "n_prompts": 8,
-         "n_samples": 1, "mean_completion_tokens": 3.5, "temperature": 0.0, "seed": 0},
+         "n_samples": 1, "mean_completion_tokens": 3.5, "temperature": 0.0, "seed": 0, "tool_call_rate": 0.5},
     ]),
     "rewards": (rewards_schema(["arithmetic_answer", "answer_format"]), [
         {"round": 1, "prompt_id": "p", "sample_idx": 0, "policy_id": "ckpt", "reward": 1.5, "reward_config_hash": "r",
@@ -47,7 +55,7 @@ def test_write_then_read_round_trips(tmp_path, name):
     assert back.to_pylist() == rows  # values chosen to be exact in float32
     assert back.replace_schema_metadata().equals(table)
     meta = back.schema.metadata
-    assert meta[b"rl_assets.schema"] == name.encode() and meta[b"rl_assets.schema_version"] == str(SCHEMA_VERSION).encode()
+    assert meta[b"rl_assets.schema"] == name.encode() and meta[b"rl_assets.schema_version"] == str(TABLE_VERSIONS.get(name, SCHEMA_VERSION)).encode()
 
 
 def test_rollout_list_columns_keep_their_element_types(tmp_path):
@@ -55,7 +63,7 @@ def test_rollout_list_columns_keep_their_element_types(tmp_path):
     back = read_table(write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "r.parquet", schema, "rollouts"), "rollouts")
     assert back.schema.field("completion_ids").type == pa.list_(pa.int32())
     assert back.schema.field("logprobs").type == pa.list_(pa.float32())
-    assert back["logprobs"].to_pylist() == [[-0.5], [-0.5, -1.25]]
+    assert back["logprobs"].to_pylist() == [[-0.5], [-0.5, -1.25, 0.0, 0.0, -0.75]]
 
 
 def test_write_table_casts_and_orders_columns_and_drops_extras(tmp_path):
@@ -81,7 +89,7 @@ def test_read_table_refuses_another_schema_name(tmp_path):
     path = write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "t.parquet", schema, "prompts")
     with pytest.raises(ValueError) as caught:
         read_table(path, "rollouts")
-    assert str(caught.value) == f"{path}: expected table 'rollouts' v{SCHEMA_VERSION}, found 'prompts' v{SCHEMA_VERSION}"
+    assert str(caught.value) == f"{path}: expected table 'rollouts' v{TABLE_VERSIONS['rollouts']}, found 'prompts' v{SCHEMA_VERSION}"
 
 
 def test_read_table_refuses_a_plain_parquet_file(tmp_path):
@@ -132,3 +140,22 @@ def test_write_table_replaces_an_existing_file(tmp_path):
     write_table(pa.Table.from_pylist(rows[:1], schema=schema), path, schema, "raw_data")
     assert read_table(path, "raw_data").to_pylist() == rows[:1]
     assert [p.name for p in tmp_path.iterdir()] == ["raw.parquet"]
+
+
+def test_a_single_turn_rollouts_table_of_v3_still_reads_as_one_turn_each(tmp_path):
+    """Written before episodes: the episode columns read as null, with one policy turn per rollout."""
+    rows = [{k: v for k, v in SAMPLES["rollouts"][1][0].items() if k not in EPISODE_COLUMNS}]
+    v3 = pa.schema([f for f in ROLLOUTS if f.name not in EPISODE_COLUMNS])
+    path = tmp_path / "rollouts.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=v3).replace_schema_metadata({b"rl_assets.schema": b"rollouts", b"rl_assets.schema_version": b"3"}), path)
+    back = read_table(path, "rollouts")
+    assert back.schema.remove_metadata().equals(ROLLOUTS)
+    assert back.to_pylist() == [SAMPLES["rollouts"][1][0]]
+
+
+def test_an_evaluation_table_of_v3_reads_without_a_tool_call_rate(tmp_path):
+    rows = [{k: v for k, v in SAMPLES["evaluation"][1][0].items() if k != "tool_call_rate"}]
+    path = tmp_path / "evaluation.parquet"
+    old = pa.schema([f for f in EVALUATION if f.name != "tool_call_rate"])
+    pq.write_table(pa.Table.from_pylist(rows, schema=old).replace_schema_metadata({b"rl_assets.schema": b"evaluation", b"rl_assets.schema_version": b"3"}), path)
+    assert read_table(path, "evaluation").to_pylist() == [{**rows[0], "tool_call_rate": None}]

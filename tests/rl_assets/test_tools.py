@@ -13,7 +13,7 @@ from fractions import Fraction
 import pytest
 
 from rl_assets import tools
-from rl_assets.rewards.sandbox import Limits, SandboxUnavailable, require_sandbox
+from rl_assets.sandbox import Limits, SandboxUnavailable, require_sandbox
 from rl_assets.tools import (ToolCall, ToolResult, calculator, execute_tool_calls, format_tool_results, load_tool, parse_tool_calls,
                              python, tool_call_prompt, tool_messages, tool_schema)
 
