@@ -9,7 +9,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run demo test ui repro dvc-sync bench tensorboard browser sandbox serve clean
+.PHONY: setup run demo agentic test ui repro dvc-sync bench tensorboard browser sandbox serve clean
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -37,6 +37,10 @@ run: setup
 # The one-minute try (examples/demo/params.yaml): the whole pipeline, smaller, with accuracy that moves.
 demo: setup
 	RL_ASSETS_PARAMS=examples/demo/params.yaml $(PY) -m pipelines run
+
+# Agentic rounds (examples/agentic/params.yaml): two-digit multiplication with a calculator tool (README: its no-tool baseline).
+agentic: setup
+	RL_ASSETS_PARAMS=examples/agentic/params.yaml $(PY) -m pipelines run
 
 test: setup browser sandbox
 	$(PY) -m pytest -q

@@ -1,8 +1,8 @@
-"""The stages outside the rounds, in flow order: raw_data -> prompts -> r00/checkpoint, and evaluation.
+"""The stages outside the rounds, in flow order: raw_data -> prompts (in their own steps), r00/checkpoint and evaluation
+(specs of the compute multi-asset, pipelines/compute.py).
 
-Each body loads its inputs, calls one rl_assets function (or launches one compute step), and
-reports metadata. The `rl_assets/*` metadata tell `dvc-sync` which params sections, code and raw
-inputs each stage depends on.
+Each body loads its inputs, calls one rl_assets function, and reports metadata. The `rl_assets/*`
+metadata tell `dvc-sync` which params sections, code and raw inputs each stage depends on.
 """
 
 
@@ -11,10 +11,10 @@ from typing import Iterator
 from collections import Counter
 from pathlib import Path
 
-from dagster import AssetExecutionContext, AssetKey, Backoff, MaterializeResult, MetadataValue, PipesSubprocessClient, RetryPolicy, asset
+from dagster import AssetExecutionContext, AssetKey, AssetSpec, Backoff, MaterializeResult, MetadataValue, RetryPolicy, asset
 
 from pipelines.checks import guard_specs
-from pipelines.steps import ParamsResource, load_project_params, materialized, run_compute, written_keys
+from pipelines.steps import ParamsResource, load_project_params, materialized, written_keys
 from rl_assets.config import EPISODE_KEYS
 from rl_assets.paths import checkpoint_key, output_path
 
@@ -114,37 +114,15 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[
                                         "dropped_duplicates": dropped["duplicates"], "dropped_too_long": dropped["too_long"]})
 
 
-@asset(
-    key=AssetKey(["r00", "checkpoint"]),
-    deps=[prompts],
-    group_name="r00",
-    kinds={"pytorch"},
-    pool="gpu",
-    op_tags=COMPUTE_TAGS,
-    retry_policy=TRAINING_RETRY,
-    description="The base policy (embedded tiny model or any HF causal LM), warm-started with TRL's SFTTrainer.",
-    **base_checkpoint_tracking(),
-    check_specs=guard_specs(checkpoint_key(0)),
-)
-def base_checkpoint(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
-    yield from run_compute(context, pipes, params, [checkpoint_key(0)])
+def base_checkpoint_spec() -> AssetSpec:
+    return AssetSpec(AssetKey(["r00", "checkpoint"]), deps=[prompts], group_name="r00", kinds={"pytorch"},
+                     description="The base policy (embedded tiny model or any HF causal LM), warm-started with TRL's SFTTrainer.",
+                     **base_checkpoint_tracking())
 
 
-def evaluation_asset(rounds: int):
+def evaluation_spec(rounds: int) -> AssetSpec:
     """Every checkpoint r00..rR on the held-out prompts; depends on all of them."""
-
-    @asset(
-        name="evaluation",
-        deps=[AssetKey(checkpoint_key(n).split("/")) for n in range(rounds + 1)] + [prompts],
-        group_name="evaluation",
-        kinds={"parquet"},
-        pool="gpu",
-        op_tags=COMPUTE_TAGS,
-        description="Greedy and sampled accuracy of every checkpoint on held-out prompts, with a per-round plot.",
-        **stage_tracking("evaluation", ["seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS]),
-        check_specs=guard_specs("evaluation"),
-    )
-    def evaluation(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
-        yield from run_compute(context, pipes, params, ["evaluation"])
-
-    return evaluation
+    return AssetSpec("evaluation", deps=[AssetKey(checkpoint_key(n).split("/")) for n in range(rounds + 1)] + [prompts],
+                     group_name="evaluation", kinds={"parquet"},
+                     description="Greedy and sampled accuracy of every checkpoint on held-out prompts, with a per-round plot.",
+                     **stage_tracking("evaluation", ["seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS]))

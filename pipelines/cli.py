@@ -90,12 +90,17 @@ def _one_line_per_skip():
 def _step_names() -> dict[str, str]:
     """Step key -> what a user calls it: the asset key(s) it materializes, or `checks of <asset>`."""
     from pipelines.definitions import defs
+    from rl_assets.paths import flow_order
 
     names = {}
     for assets_def in defs.resolve_asset_graph().assets_defs:
         if not assets_def.is_executable:
             continue
         keys = [key.to_user_string() for key in assets_def.keys]
+        try:
+            keys = flow_order(keys)  # the compute step's outputs in the order it writes them
+        except ValueError:  # not all model outputs (raw_data, prompts): one key each anyway
+            pass
         checked = sorted({check.asset_key.to_user_string() for check in assets_def.check_keys})
         names[assets_def.node_def.name] = ", ".join(keys) if keys else f"checks of {', '.join(checked)}"
     return names
@@ -152,7 +157,7 @@ def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -
         if rest:
             lines.append(f"not written: {', '.join(rest)} (same step, after the failure)")
         if path := _log_path(instance, run_id, step, of(DagsterEventType.LOGS_CAPTURED)):
-            logs.append(f"log of {names.get(step, step)}: {path}")
+            logs.append(f"log of {meta.get('output') or names.get(step, step)}: {path}")
     run = instance.get_run_by_id(run_id)
     started = {e.dagster_event.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)}
     planned = run.step_keys_to_execute or [step.key for step in instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id).steps]

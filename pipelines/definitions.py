@@ -5,10 +5,9 @@ Loads without importing torch, transformers or trl (each UI reload and schedule 
 
 from dagster import AssetSelection, Definitions, PipesSubprocessClient, define_asset_job, multiprocess_executor
 
-from pipelines.assets import base_checkpoint, evaluation_asset, prompts, raw_data
-from pipelines.promotion import promoted_model
+from pipelines.assets import prompts, raw_data
+from pipelines.compute import compute_asset
 from pipelines.reward_model import reward_model_asset
-from pipelines.rounds import rounds_asset
 from pipelines.schedules import raw_data_sensor, retrain_schedule
 from pipelines.steps import ParamsResource, load_project_params
 
@@ -16,7 +15,7 @@ from pipelines.steps import ParamsResource, load_project_params
 PARAMS = load_project_params()
 ROUNDS = PARAMS.rounds
 
-assets = [raw_data, prompts, base_checkpoint, rounds_asset(ROUNDS), evaluation_asset(ROUNDS), promoted_model]
+assets = [raw_data, prompts, compute_asset(ROUNDS)]  # every model step in one resident op (pipelines/compute.py)
 if (reward_model := reward_model_asset()) is not None:  # only when params configure one
     assets.append(reward_model)
 if PARAMS.owners:  # who to ask about an asset, shown on every asset in the UI

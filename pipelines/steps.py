@@ -21,7 +21,6 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-import yaml
 from dagster import (AssetCheckResult, AssetExecutionContext, AssetKey, ConfigurableResource, DataVersion, Failure, MaterializeResult,
                      PipesSubprocessClient, PreviewWarning, open_pipes_session)
 from dagster._core.errors import DagsterExecutionInterruptedError, DagsterInvalidPropertyError
@@ -90,9 +89,12 @@ def written_keys(keys: list[str]) -> list[str]:
     """The params keys a DVC stage can list: every section, and a dotted key (`rollouts.tools`) only where the params file has it.
 
     DVC refuses to run a stage whose params key is missing from params.yaml; the default it would have is in the code version.
+    The file is read as the run reads it (`--set` overrides included), so an override names its key too.
     """
-    path = Path(ParamsResource().path)
-    raw = yaml.safe_load(path.read_text()) if path.is_file() else {}
+    from rl_assets.config import read_params_file, resolved_raw
+
+    resource = ParamsResource()
+    raw = resolved_raw(read_params_file(resource.path), resource.path, resource.overrides) if Path(resource.path).is_file() else {}
 
     def written(key: str) -> bool:
         value = raw

@@ -22,15 +22,28 @@ from rl_assets.stages import STAGES
 
 
 def parse_args(argv: list[str] | None = None, prog: str = "python -m rl_assets.compute") -> tuple[argparse.Namespace, Params]:
+    """The outputs asked for and the params; `args.stage` is the one stage asked for by name, else None (asset keys)."""
     parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
     parser.add_argument("outputs", nargs="+", metavar="STAGE_OR_KEY", help=f"a stage ({', '.join(STAGES)}) or asset keys (r01/rollouts ...)")
     parser.add_argument("--round", type=int, default=None, help="round number N for a round's stage")
     parser.add_argument("--params", default=os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args(argv)
-    if len(args.outputs) > 1 and any(o in STAGES for o in args.outputs):
-        parser.error("give one stage, or asset keys")
+    # A stage's name runs that stage; anything else is asset keys ("evaluation" is both: the key, with its guards).
+    args.stage = args.outputs[0] if len(args.outputs) == 1 and args.outputs[0] in STAGES and not _is_key(args.outputs[0]) else None
+    if args.stage is None and args.round is not None:
+        parser.error("--round goes with a stage name (sft, rollouts, rewards, train, ...); asset keys name their round (r02/rollouts)")
     return args, load_params(args.params, args.overrides)
+
+
+def _is_key(name: str) -> bool:
+    from rl_assets.paths import stage_of
+
+    try:
+        stage_of(name)
+        return True
+    except ValueError:
+        return False
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -42,8 +55,8 @@ def main(argv: list[str] | None = None) -> int:
     args, params = parse_args(argv)
     quiet_step()
     rank = start_distributed(params)
-    if args.outputs[0] in STAGES:
-        done = iter([(args.outputs[0], *run_stage(args.outputs[0], params, args.round, Path(".")))])
+    if args.stage is not None:
+        done = iter([(args.stage, *run_stage(args.stage, params, args.round, Path(".")))])
     else:
         done = ((o.key, o.metadata, o.path) for o in write_outputs(args.outputs, params))
     for name, metadata, output in done:  # each as soon as it is written

@@ -153,6 +153,8 @@ class SFTParams(Section):
     demonstration: list[str] = Field(default_factory=list, description="The policy's turns of a demonstration episode, format strings over the "
                                      "prompts row ({problem}, {answer}, {prompt}): the rollouts' tools or environment answer between them "
                                      "and their tokens carry no loss. Empty: the answer alone.")
+    demonstration_share: float = Field(1.0, ge=0.0, le=1.0, description="Share of the sft rows shown as demonstration episodes (the first "
+                                       "ones in table order); the others show the answer alone, as without `demonstration`.")
 
 
 # The rollouts keys that make a rollout an episode: the evaluation runs its episodes with them too.

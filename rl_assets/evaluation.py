@@ -45,7 +45,8 @@ def score_completions(held_out: pa.Table, completions, samples: int, rewards: Re
                "policy_id": [""] * n, "prompt": repeat("prompt"), "answer": repeat("answer"), "extra": repeat("extra"),
                "completion": completions.texts, "completion_ids": completions.completion_ids, "truncated": completions.truncated}
     if hasattr(completions, "num_turns"):  # episodes: what the environment reported goes to the rewards too
-        columns.update(num_turns=completions.num_turns, environment_rewards=completions.environment_rewards, tool_calls=completions.tool_calls)
+        columns.update(num_turns=completions.num_turns, environment_rewards=completions.environment_rewards, tool_calls=completions.tool_calls,
+                       turns=completions.turns)
     return score_rollouts(pa.table(columns), rewards, rollouts_hash="evaluation")
 
 

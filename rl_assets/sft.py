@@ -109,7 +109,11 @@ def warm_start(model, tokenizer, prompts: pa.Table, params: SFTParams, seed: int
 
         if episodes is None:
             raise ValueError("sft.demonstration needs rollouts.tools or rollouts.environment: the environment answers between its turns")
-        examples = demonstration_examples(tokenizer, train.to_pylist(), params.demonstration, load_environment(*episodes), episodes[0])
+        shown = round(params.demonstration_share * train.num_rows)
+        examples = demonstration_examples(tokenizer, train.slice(0, shown).to_pylist(), params.demonstration, load_environment(*episodes), episodes[0])
+        if shown < train.num_rows:  # the rest answer in one go
+            plain = sft_examples(tokenizer, train["prompt"].to_pylist()[shown:], train["answer"].to_pylist()[shown:])
+            examples = {key: examples[key] + plain[key] for key in examples}
     else:
         examples = sft_examples(tokenizer, train["prompt"].to_pylist(), train["answer"].to_pylist())
     dataset = Dataset.from_dict(examples)

@@ -29,6 +29,7 @@ import inspect
 import json
 import re
 import signal
+import warnings
 from dataclasses import dataclass
 from fractions import Fraction
 from typing import Callable
@@ -108,7 +109,10 @@ def calculator(expression: str) -> str:
     if len(expression) > MAX_EXPRESSION_CHARS:
         raise ValueError(f"calculator: the expression is longer than {MAX_EXPRESSION_CHARS} characters")
     try:
-        value = _evaluate(ast.parse(expression.strip(), mode="eval").body, expression.strip())
+        with warnings.catch_warnings():  # "77*4a" warns before it fails: the policy's typo is its tool error, not the log's
+            warnings.simplefilter("ignore", SyntaxWarning)
+            tree = ast.parse(expression.strip(), mode="eval")
+        value = _evaluate(tree.body, expression.strip())
     except SyntaxError as error:
         raise ValueError(f"calculator: not an arithmetic expression ({error.msg})") from None
     except ZeroDivisionError:

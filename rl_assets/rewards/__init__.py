@@ -24,7 +24,7 @@ import pyarrow as pa
 
 from rl_assets.config import RewardsParams
 from rl_assets.rewards.code_execution import code_execution
-from rl_assets.rewards.episodes import environment_reward, tool_success
+from rl_assets.rewards.episodes import environment_reward, final_answer, tool_success
 from rl_assets.rewards.math_answers import answer_format, arithmetic_answer, math_answer
 from rl_assets.rewards.reward_model import reward_model
 from rl_assets.rewards.symbolic import math_verify
@@ -33,7 +33,8 @@ from rl_assets.schemas import reward_function_names, rewards_schema
 from rl_assets.user_code import load_named
 
 BUILT_IN = {f.__name__: f for f in (math_answer, math_verify, arithmetic_answer, answer_format, format_regex, required_tags,
-                                    length_penalty, repetition_penalty, code_execution, reward_model, environment_reward, tool_success)}
+                                    length_penalty, repetition_penalty, code_execution, reward_model, environment_reward, final_answer,
+                                    tool_success)}
 
 # The rollout columns every reward function receives as keyword arguments.
 COLUMNS = ("prompt", "answer", "prompt_id", "completion_ids", "truncated")
@@ -100,6 +101,7 @@ def reward_kwargs(rollouts: pa.Table) -> dict[str, list]:
         kwargs["num_turns"] = rollouts["num_turns"].to_pylist()
         kwargs["environment_rewards"] = [json.loads(text) if text else {} for text in rollouts["environment_rewards"].to_pylist()]
         kwargs["tool_calls"] = [calls or [] for calls in rollouts["tool_calls"].to_pylist()]
+        kwargs["turns"] = rollouts["turns"].to_pylist()
     if "extra" not in rollouts.column_names:
         return kwargs
     rows = []

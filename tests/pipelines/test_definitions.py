@@ -56,7 +56,7 @@ def test_graph_unrolls_every_round_of_params_yaml(graph):
 
 
 def test_compute_assets_are_in_the_gpu_pool_and_table_assets_are_not(graph):
-    # the rewards too: the resident op that writes the rounds holds the slot for all of them
+    # the rewards too: the resident op that writes every model step holds the slot for all of them
     compute = {"r00/checkpoint", "evaluation"} | {f"r{n:02d}/{s}" for n in range(1, REPO_ROUNDS + 1) for s in ("rollouts", "rewards", "checkpoint")}
     in_process = {"raw_data", "prompts"}
     for k in compute:

@@ -60,7 +60,7 @@ def test_a_run_with_fewer_rounds_than_dvc_yaml_names_dvc_sync_once(micro_copy):
     set_rounds(micro_copy, 2)
     python(["-m", "pipelines", "dvc-sync"], micro_copy, timeout=180)  # dvc.yaml for 2 rounds ...
     set_rounds(micro_copy, 1)  # ... and a 1-round run
-    evaluation = import_pipelines("pipelines.assets").evaluation_asset(1)
+    evaluation = import_pipelines("pipelines.compute").compute_asset(1)
     warnings = record(micro_copy, "evaluation", evaluation)
     assert len(warnings) == 1
     assert warnings[0].startswith("dvc.yaml is out of date (rounds or sources changed since it was written): its stage 'evaluation' "

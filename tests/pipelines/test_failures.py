@@ -181,7 +181,7 @@ def test_a_model_shape_error_fails_the_run_once_and_says_why(micro_copy):
     assert "STEP_UP_FOR_RETRY" not in output and "up for retry" not in output.lower()
     tail = "\n".join(done.stderr.strip().splitlines()[-8:])
     assert re.search(r"failed: r00/checkpoint: .*not a multiple of the number of attention heads \(5\)", tail), tail
-    assert "skipped: " in tail and "r01/checkpoint" in tail and "evaluation" in tail
+    assert "not written: r01/rollouts, r01/rewards, r01/checkpoint, evaluation" in tail  # the rest of the compute step
     run_id = re.search(r"dagster run ([0-9a-f-]{36})", tail).group(1)
     with DagsterInstance.from_config(str(micro_copy / ".dagster")) as instance:
         assert not instance.all_logs(run_id, of_type=DagsterEventType.STEP_RESTARTED)
@@ -222,7 +222,6 @@ def test_a_reward_that_raises_fails_the_run_once_and_says_why(micro_copy):
     assert done.returncode == 1, done.stderr[-4000:]
     tail = "\n".join(done.stderr.strip().splitlines()[-8:])
     assert re.search(r"failed: r01/rewards: .*digit_share: no digits to count", tail), tail
-    assert "not written: r01/checkpoint (same step, after the failure)" in tail, tail  # the rest of the resident rounds step
-    assert re.search(r"skipped: \d+ assets after the failure \(evaluation", tail), tail
+    assert "not written: r01/checkpoint, evaluation, promoted_model (same step, after the failure)" in tail, tail  # the rest of the compute step
     assert re.search(r"dagster run [0-9a-f-]{36}: make ui", tail.splitlines()[-1]), tail
     assert (done.stdout + done.stderr).count("Not executing") == 0  # one summary line instead of one line per skipped step

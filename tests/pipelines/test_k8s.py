@@ -41,7 +41,7 @@ def pod_specs(**settings: str) -> dict:
 def test_k8s_executor_gives_each_compute_step_its_gpus_and_nothing_to_the_rest():
     specs = pod_specs(**{"compute.executor": "k8s", "compute.gpus_per_step": "2"})
     assert specs["executor"] == "k8s"
-    for op in ("r00__checkpoint", "rounds", "evaluation"):  # "rounds": the resident op that writes every round's outputs
+    for op in ("compute",):  # the resident op that writes r00, every round, the evaluation and the promotion
         assert specs[op]["limits"] == {"nvidia.com/gpu": "2"} and specs[op]["requests"] == {"nvidia.com/gpu": "2"}, op
         assert specs[op]["image"] == "registry.example/rl-assets:1" and specs[op]["pool"] == "gpu"
     for op in ("raw_data", "prompts"):  # CPU-only stages request no GPU
@@ -51,7 +51,7 @@ def test_k8s_executor_gives_each_compute_step_its_gpus_and_nothing_to_the_rest()
 def test_default_params_run_on_the_multiprocess_executor_without_gpu_requests():
     specs = pod_specs()
     assert specs["executor"] == "multiprocess"
-    assert specs["rounds"]["limits"] == {}
+    assert specs["compute"]["limits"] == {}
 
 
 RESOURCE = ParamsResource(path="params.yaml", overrides=["train.epochs=1"])

@@ -12,13 +12,14 @@ from rl_assets.checkpoints import read_lineage
 
 
 def test_promoted_model_asset_promotes_the_best_checkpoint(tmp_path, monkeypatch):
-    promotion = import_pipelines("pipelines.promotion")
+    compute = import_pipelines("pipelines.compute")
     from pipelines.steps import ParamsResource
 
     root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.6, 2: 0.5})
     monkeypatch.chdir(root)
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the child imports this checkout's code from the fake project
-    result = materialize([promotion.promoted_model], resources={"pipes": PipesSubprocessClient(), "params": ParamsResource(path="params.yaml")})
+    result = materialize([compute.compute_asset(2)], selection=["promoted_model"],
+                         resources={"pipes": PipesSubprocessClient(), "params": ParamsResource(path="params.yaml")})
     assert result.success
     [event] = result.get_asset_materialization_events()
     metadata = {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}

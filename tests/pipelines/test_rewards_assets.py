@@ -33,7 +33,7 @@ def write_params(project, **sections) -> None:
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A project folder with params.yaml, data/raw and a stored r01/rollouts table; cwd is inside it."""
-    modules = {m: import_pipelines(f"pipelines.{m}") for m in ("rounds", "reward_model", "steps")}  # imported from the repo, as the code location is
+    modules = {m: import_pipelines(f"pipelines.{m}") for m in ("compute", "reward_model", "steps")}  # imported from the repo, as the code location is
     shutil.copytree(REPO / "data" / "raw", tmp_path / "data" / "raw")
     write_params(tmp_path)
     rows = [{"round": 1, "prompt_id": f"p{i // 2}", "sample_idx": i % 2, "prompt": "2+2=", "answer": "4", "extra": "{}",
@@ -81,7 +81,7 @@ def resources(modules):
 def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(project):
     path, modules = project
     instance = DagsterInstance.ephemeral()
-    before = [modules["rounds"].rounds_asset(1)]
+    before = [modules["compute"].compute_asset(1)]
     versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
     assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
@@ -92,12 +92,12 @@ def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(pro
 
     # another section changes: the rewards keep their code version
     write_params(path, rollouts={**micro_params()["rollouts"], "temperature": 0.5})
-    other = [modules["rounds"].rounds_asset(1)]
+    other = [modules["compute"].compute_asset(1)]
     assert get_stale_status_resolver(instance, other).get_status(REWARDS_KEY) == StaleStatus.FRESH
 
     # only `rewards` changes: rewards is stale because its code version changed; rollouts is not
     write_params(path, rewards={"functions": [{"name": "arithmetic_answer", "weight": 2.0}]})
-    after = [modules["rounds"].rounds_asset(1)]
+    after = [modules["compute"].compute_asset(1)]
     resolver = get_stale_status_resolver(instance, after)
     assert resolver.get_status(REWARDS_KEY) == StaleStatus.STALE
     causes = resolver.get_stale_causes(REWARDS_KEY)
@@ -123,14 +123,14 @@ def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstre
                                         "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
     write_params(path, rewards={"functions": [{"name": "my_rewards:exact", "weight": 1.0}]})
     instance = DagsterInstance.ephemeral()
-    before = [modules["rounds"].rounds_asset(1)]
+    before = [modules["compute"].compute_asset(1)]
     versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
     assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
     assert get_stale_status_resolver(instance, before).get_status(REWARDS_KEY) == StaleStatus.FRESH
 
     (path / "my_rewards.py").write_text((path / "my_rewards.py").read_text().replace("c.strip() == a", "a in c"))  # the regex edit of the issue
-    after = [modules["rounds"].rounds_asset(1)]
+    after = [modules["compute"].compute_asset(1)]
     resolver = get_stale_status_resolver(instance, after)
     assert resolver.get_status(REWARDS_KEY) == StaleStatus.STALE
     assert [c.category for c in resolver.get_stale_causes(REWARDS_KEY)] == [StaleCauseCategory.CODE]
@@ -142,7 +142,7 @@ def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstre
 def test_no_reward_model_asset_unless_configured(project):
     _, modules = project
     assert modules["reward_model"].reward_model_asset() is None
-    rewards = [modules["rounds"].rounds_asset(1)][0]
+    rewards = [modules["compute"].compute_asset(1)][0]
     assert {d.asset_key for d in rewards.specs_by_key[REWARDS_KEY].deps} == {ROLLOUTS_KEY}
 
 
@@ -163,7 +163,7 @@ def test_reward_model_asset_trains_and_rewards_depend_on_it(project, preference_
                  rewards={"functions": [{"name": "arithmetic_answer"},
                                         {"name": "reward_model", "weight": 0.0, "options": {"path": "data/reward_model", "temperature": 2.0}}]})
     trained = modules["reward_model"].reward_model_asset()
-    round_one = [modules["rounds"].rounds_asset(1)]
+    round_one = [modules["compute"].compute_asset(1)]
     assert trained.key == AssetKey("reward_model") and trained.group_names_by_key[trained.key] == "reward_model"
     assert {d.asset_key for d in round_one[0].specs_by_key[REWARDS_KEY].deps} == {ROLLOUTS_KEY, AssetKey("reward_model")}
 

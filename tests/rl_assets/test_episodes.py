@@ -160,3 +160,16 @@ def test_tool_environment_ends_a_turn_at_its_call():
     assert ToolEnvironment(["calculator"]).stop_strings == ("</call>",)
     assert ToolEnvironment(["calculator"], format="hermes").stop_strings == ("</tool_call>",)
     assert not hasattr(GuessTheNumber(), "stop_strings")
+
+
+def test_with_a_chat_template_an_observation_is_a_tool_turn_of_that_template():
+    from real_models import build_bpe_tokenizer
+
+    from rl_assets.episodes import observation_ids
+
+    tokenizer = build_bpe_tokenizer("qwen2")  # Qwen2.5's ChatML: a turn ends with <|im_end|>, which is also EOS
+    after_a_call = tokenizer.decode(observation_ids(tokenizer, "<result>6</result>", False, "<|im_end|>"))
+    assert after_a_call == "<|im_end|>\n<|im_start|>tool\n<result>6</result><|im_end|>\n<|im_start|>assistant\n"
+    after_eos = tokenizer.decode(observation_ids(tokenizer, "lower", True, "<|im_end|>"))
+    assert after_eos == "\n<|im_start|>tool\nlower<|im_end|>\n<|im_start|>assistant\n"  # the policy closed its turn itself
+    assert TOKENIZER.decode(observation_ids(TOKENIZER, "lower", True, "</s>")) == "lower"  # no template: the text as it is

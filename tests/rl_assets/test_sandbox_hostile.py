@@ -42,7 +42,7 @@ from rl_assets.sandbox import AUDIT_ARCHES, DENIED_SYSCALLS, SANDBOX_UIDS
 pytestmark = pytest.mark.e2e
 
 REPO = Path(__file__).resolve().parents[2]
-MODULES = ("sandbox.py", "code_execution.py", "judge.py")
+MODULES = ("sandbox.py", "rewards/code_execution.py", "rewards/judge.py")  # under rl_assets/
 LIMITS = {"cpu_seconds": 2, "memory_mb": 512, "wall_seconds": 4}
 ADD_TESTS = ["assert add(1, 2) == 3", "assert add(2, 2) == 4", {"call": "add", "args": [3, 4], "output": 7}]
 SYSCALLS = {name: numbers[AUDIT_ARCHES.get(platform.machine(), (0, 0))[1]] for name, numbers in DENIED_SYSCALLS.items()}  # this machine's
@@ -681,8 +681,8 @@ class Scorer:
             package = world.base / "code" / "rl_assets"
             (package / "rewards").mkdir(parents=True)
             for name in MODULES:
-                shutil.copy(REPO / "rl_assets" / "rewards" / name, package / "rewards" / name)
-            for path in (world.base / "code", package, package / "rewards", *(package / "rewards").iterdir()):
+                shutil.copy(REPO / "rl_assets" / name, package / name)
+            for path in (world.base / "code", package, package / "rewards", *package.iterdir(), *(package / "rewards").iterdir()):
                 path.chmod(0o755 if path.is_dir() else 0o644)
             python = ["setpriv", f"--reuid={world.uid}", f"--regid={world.uid}", "--clear-groups", "/usr/bin/python3"]
         paths = {"rl_assets": str(package), "rl_assets.rewards": str(package / "rewards")}

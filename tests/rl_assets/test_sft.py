@@ -50,3 +50,29 @@ def test_sft_examples_are_the_generation_prompt_ids_then_the_answer_and_eos():
         assert ids[: len(prompt)] == prompt and ids[-1] == tokenizer.eos_token_id
         assert tokenizer.decode(ids[len(prompt) : -1]) == answer
         assert mask == [0] * len(prompt) + [1] * (len(answer) + 1)
+
+
+def test_demonstration_episodes_train_on_the_policy_turns_and_not_on_the_tool_result():
+    from rl_assets.environments import load_environment
+    from rl_assets.sft import demonstration_examples
+
+    tokenizer = build_tiny_tokenizer()
+    rows = [{"prompt_id": "p", "prompt": "12*34=", "problem": "12*34", "answer": "408"}]
+    examples = demonstration_examples(tokenizer, rows, ["<call calculator>{problem}</call>", "{answer}"],
+                                      load_environment("tools", {"tools": ["calculator"]}), "tools")
+    ids, mask = examples["input_ids"][0], examples["completion_mask"][0]
+    assert tokenizer.decode(ids) == "<s>12*34=<call calculator>12*34</call><result>408</result>408</s>"  # the calculator's real answer
+    trained = tokenizer.decode([token for token, keep in zip(ids, mask) if keep])
+    assert trained == "<call calculator>12*34</call>408</s>"
+
+
+def test_a_demonstration_the_environment_cuts_short_or_that_names_a_missing_column_is_refused():
+    from rl_assets.environments import load_environment
+    from rl_assets.sft import demonstration_examples
+
+    tokenizer, tools = build_tiny_tokenizer(), load_environment("tools", {"tools": ["calculator"]})
+    rows = [{"prompt_id": "p", "prompt": "12*34=", "problem": "12*34", "answer": "408"}]
+    with pytest.raises(ValueError, match=r"environment 'tools' ended the episode after turn 1 of 2 for prompt_id='p' \('408'\)"):
+        demonstration_examples(tokenizer, rows, ["{answer}", "{answer}"], tools, "tools")  # no call: the tool environment is done
+    with pytest.raises(ValueError, match=r"sft.demonstration\[0\]: '<call calculator>\{question\}</call>' names 'question'"):
+        demonstration_examples(tokenizer, rows, ["<call calculator>{question}</call>", "{answer}"], tools, "tools")

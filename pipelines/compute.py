@@ -1,0 +1,67 @@
+"""The compute multi-asset: r00/checkpoint, every round's rollouts, rewards and checkpoint, the evaluation and the promotion.
+
+Every output is an asset of its own (its materialization, data version, code version, metadata and
+guards), and the one op that writes them can be subset: a run asks for the outputs it needs (all of
+them, `r04/*`, or `r03/rewards` alone to rescore), and one child process writes them in flow order
+with the models kept loaded (rl_assets.resident), reporting each the moment it is done, so the UI
+fills in round by round. The op carries the GPU tags and the `gpu` pool, and launches through
+torchrun or the k8s executor like any compute step (one child per output when the step uses
+several processes).
+"""
+
+from typing import Iterator
+
+from dagster import AssetCheckResult, AssetExecutionContext, AssetKey, DataVersion, MaterializeResult, PipesSubprocessClient, multi_asset
+
+from pipelines.assets import COMPUTE_TAGS, TRAINING_RETRY, base_checkpoint_spec, evaluation_spec
+from pipelines.checks import guard_specs
+from pipelines.promotion import promoted_model_spec
+from pipelines.rounds import round_specs
+from pipelines.steps import ParamsResource, run_compute
+from rl_assets.paths import flow_order
+
+
+def compute_asset(rounds: int):
+    """Every output that needs a model, as one op that can be subset; each keeps its own guards as blocking or warning checks."""
+    specs = [base_checkpoint_spec(), *(spec for n in range(1, rounds + 1) for spec in round_specs(n)), evaluation_spec(rounds), promoted_model_spec()]
+
+    @multi_asset(
+        name="compute",
+        specs=specs,
+        check_specs=[check for spec in specs for check in guard_specs(spec.key.to_user_string())],
+        can_subset=True,
+        pool="gpu",
+        op_tags=COMPUTE_TAGS,
+        retry_policy=TRAINING_RETRY,
+    )
+    def compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult | AssetCheckResult]:
+        wanted = flow_order([key.to_user_string() for key in context.selected_asset_keys])
+        done = done_in_this_run(context, wanted)
+        yield from reported_again(context, [key for key in wanted if key in done])
+        checks = {(c.asset_key, c.name) for c in context.selected_asset_check_keys}
+        todo = [key for key in wanted if key not in done]
+        for result in run_compute(context, pipes, params, todo) if todo else ():
+            if not isinstance(result, AssetCheckResult) or (result.asset_key, result.check_name) in checks:
+                yield result
+
+    return compute
+
+
+def done_in_this_run(context: AssetExecutionContext, keys: list[str]) -> set[str]:
+    """Outputs an earlier attempt of this step already materialized in this run (a retry after a crash continues after them)."""
+    if context.retry_number == 0:
+        return set()
+    done = set()
+    for key in keys:
+        event = context.instance.get_latest_materialization_event(AssetKey(key.split("/")))
+        if event is not None and event.run_id == context.run_id:
+            done.add(key)
+    return done
+
+
+def reported_again(context: AssetExecutionContext, keys: list[str]) -> Iterator[MaterializeResult]:
+    """The outputs an earlier attempt wrote, reported by this one with their data versions (a step reports every output it was asked for)."""
+    for key in keys:
+        materialization = context.instance.get_latest_materialization_event(AssetKey(key.split("/"))).asset_materialization
+        yield MaterializeResult(asset_key=materialization.asset_key, metadata={**materialization.metadata, "written_by_an_earlier_attempt": True},
+                                data_version=DataVersion(materialization.tags["dagster/data_version"]))
