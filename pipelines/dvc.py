@@ -53,6 +53,8 @@ def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides
     """
     if os.environ.get("DVC_STAGE") or os.environ.get("RL_ASSETS_DVC_COMMIT", "1") == "0":
         return  # dvc repro is running this stage and records it itself
+    if not _is_dvc_stage(context, key):
+        return  # promoted_model: a decision with a history, not a reproducible output
     if not Path("dvc.yaml").is_file():
         return
     stage = dvc_stage_name(key)
@@ -156,6 +158,15 @@ def dvc_message(done: subprocess.CompletedProcess) -> str:
     text = "\n".join(part.strip() for part in (done.stderr, done.stdout) if part and part.strip())
     errors = [line.removeprefix("ERROR:").strip() for line in text.splitlines() if line.startswith("ERROR:")]
     return "; ".join(errors) or text or f"exit status {done.returncode} and no output"
+
+
+def _is_dvc_stage(context, key: str) -> bool:
+    """Whether the running asset's spec declares DVC deps (`rl_assets/params`); True when there is no spec to ask."""
+    try:
+        spec = context.assets_def.specs_by_key[AssetKey.from_user_string(key)]
+    except Exception:  # a context without an assets definition (an asset body called directly)
+        return True
+    return "rl_assets/params" in spec.metadata
 
 
 def asset_stage(context, key: str) -> dict | None:

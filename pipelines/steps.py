@@ -91,10 +91,9 @@ def written_keys(keys: list[str]) -> list[str]:
     DVC refuses to run a stage whose params key is missing from params.yaml; the default it would have is in the code version.
     The file is read as the run reads it (`--set` overrides included), so an override names its key too.
     """
-    from rl_assets.config import read_params_file, resolved_raw
-
     resource = ParamsResource()
-    raw = resolved_raw(read_params_file(resource.path), resource.path, resource.overrides) if Path(resource.path).is_file() else {}
+    path = Path(resource.path)
+    raw = _written_params(resource.path, tuple(resource.overrides), path.read_bytes() if path.is_file() else b"", frozenset(os.environ.items()))
 
     def written(key: str) -> bool:
         value = raw
@@ -105,6 +104,14 @@ def written_keys(keys: list[str]) -> list[str]:
         return True
 
     return [key for key in keys if "." not in key or written(key)]
+
+
+@functools.lru_cache(maxsize=8)
+def _written_params(path: str, overrides: tuple[str, ...], text: bytes, environment: frozenset) -> dict:
+    """The params file as written, as a run reads it (${VAR} and overrides applied), parsed once per content."""
+    from rl_assets.config import read_params_file, resolved_raw
+
+    return resolved_raw(read_params_file(path), path, overrides) if text else {}
 
 
 @functools.lru_cache(maxsize=8)

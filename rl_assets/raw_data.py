@@ -26,14 +26,15 @@ from __future__ import annotations
 import json
 import random
 from pathlib import Path
-
-import pyarrow as pa
+from typing import TYPE_CHECKING
 
 from rl_assets.config import ColumnsParams, Params, ParamsError, RawDataParams, SourceParams
 from rl_assets.raw_files import BadRow, RawDataError, Records, read_csv, read_hf_dataset, read_jsonl, read_parquet, where
 from rl_assets.raw_generators import evaluate_expression, generate_problems, module_file, run_user_generator
-from rl_assets.schemas import RAW_DATA
 from rl_assets.storage import content_hash
+
+if TYPE_CHECKING:  # pyarrow loads with the data: the code location imports this module for the raw inputs
+    import pyarrow as pa
 
 __all__ = ["RawDataError", "check_run_inputs", "check_sources", "evaluate_expression", "generate_problems", "labelled_location", "load_raw_data", "read_source", "source_inputs", "source_label"]
 
@@ -212,6 +213,10 @@ def load_raw_data(params: RawDataParams, seed: int, root: Path = Path(".")) -> t
 
     Raises `RawDataError` before anything is written: a failed load leaves every output as it was.
     """
+    import pyarrow as pa
+
+    from rl_assets.schemas import RAW_DATA
+
     loaded, dropped = [], []
     for source in params.sources:
         rows, skipped = read_source(source, root, seed, source.on_bad_rows or params.on_bad_rows)

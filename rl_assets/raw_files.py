@@ -13,10 +13,10 @@ import csv
 import io
 import json
 from pathlib import Path
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
-import pyarrow as pa
-import pyarrow.parquet as pq
+if TYPE_CHECKING:  # pyarrow loads when a Parquet file is read: the code location imports this module
+    import pyarrow as pa
 
 
 class RawDataError(ValueError):
@@ -87,6 +87,9 @@ def read_csv(path: Path, label: str, needed: dict[str, str]) -> Records:
 
 
 def read_parquet(path: Path, label: str, needed: dict[str, str], typed: list[str]) -> Records:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
     try:
         schema = pq.read_schema(path)
         _check_columns(label, needed, schema.names, "the file")
@@ -125,6 +128,8 @@ def _check_columns(label: str, needed: dict[str, str], present: list[str], what:
 
 def _check_types(label: str, schema: pa.Schema, columns: list[str]) -> None:
     """Prompt and answer columns must hold text or numbers, whole columns checked at once."""
+    import pyarrow as pa
+
     for column in columns:
         kind = schema.field(column).type
         if not (pa.types.is_string(kind) or pa.types.is_large_string(kind) or pa.types.is_integer(kind)

@@ -116,14 +116,21 @@ def project_code(entries: list[str]) -> list[str]:
     >>> "rl_assets/train.py" in project_code(["rl_assets/stages.py:run_rollouts"])
     False
     """
-    state = hashlib.md5(json.dumps([(str(path), path.stat().st_mtime_ns, path.stat().st_size)
-                                    for path in sorted(PACKAGE_DIR.rglob("*.py"))]).encode()).hexdigest()
+    state = _package_state()
     known = _known_closures(state)
     key = "|".join(entries)
     if key not in known:
         known[key] = [str(path) for path in _project_files(entries)]
         _remember_closures(state, known)
     return [_relative(Path(path)) for path in known[key]]
+
+
+@lru_cache(maxsize=1)
+def _package_state() -> str:
+    """The package's files as this process first saw them: which imports exist only changes with a new process (a code-location
+    reload starts one); each file's content is hashed afresh (`code_hashes`)."""
+    return hashlib.md5(json.dumps([(str(path), path.stat().st_mtime_ns, path.stat().st_size)
+                                   for path in sorted(PACKAGE_DIR.rglob("*.py"))]).encode()).hexdigest()
 
 
 # Reading every module's imports costs ~0.1 s per code-location load; the closures are kept on disk until a file changes.

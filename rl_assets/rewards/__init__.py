@@ -18,9 +18,8 @@ import hashlib
 import inspect
 import json
 import math
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
-import pyarrow as pa
 
 from rl_assets.config import RewardsParams
 from rl_assets.rewards.code_execution import code_execution
@@ -29,8 +28,10 @@ from rl_assets.rewards.math_answers import answer_format, arithmetic_answer, mat
 from rl_assets.rewards.reward_model import reward_model
 from rl_assets.rewards.symbolic import math_verify
 from rl_assets.rewards.text import format_regex, length_penalty, repetition_penalty, required_tags
-from rl_assets.schemas import reward_function_names, rewards_schema
 from rl_assets.user_code import load_named
+
+if TYPE_CHECKING:  # pyarrow loads lazily: validating params (the code location, every UI reload) imports this module
+    import pyarrow as pa
 
 BUILT_IN = {f.__name__: f for f in (math_answer, math_verify, arithmetic_answer, answer_format, format_regex, required_tags,
                                     length_penalty, repetition_penalty, code_execution, reward_model, environment_reward, final_answer,
@@ -140,6 +141,10 @@ def _checked(name: str, scores, rollouts: pa.Table) -> list[float | None]:
 
 def score_rollouts(rollouts: pa.Table, params: RewardsParams, rollouts_hash: str) -> pa.Table:
     """The rewards table: one `score_<name>` column per function (its weight in the field metadata) and the weighted total `reward`."""
+    import pyarrow as pa
+
+    from rl_assets.schemas import rewards_schema
+
     kwargs = reward_kwargs(rollouts)
     completions = rollouts["completion"].to_pylist()
     total = [0.0] * rollouts.num_rows
@@ -181,6 +186,8 @@ def _described(schema: pa.Schema, params: RewardsParams) -> pa.Schema:
 
 def summarize_rewards(rewards: pa.Table, group_size: int) -> dict:
     """Mean and std of the total, the mean of each function, and the share of all-equal groups."""
+    from rl_assets.schemas import reward_function_names
+
     totals = rewards["reward"].to_pylist()
     mean = sum(totals) / len(totals)
     groups = [totals[i : i + group_size] for i in range(0, len(totals), group_size)]
