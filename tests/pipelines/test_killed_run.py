@@ -74,9 +74,12 @@ def test_a_killed_run_is_continued_by_the_next_and_a_second_writer_is_refused(pi
     kill(first)
     assert gpu_slot_claimed(project), "the dead run still holds its slot (what used to block the next run)"
 
-    # killed again at a random point of the rerun
+    # killed again at a random point of the rerun's compute child (the resident child writes the rest of the pipeline in
+    # about 15 s here: a later kill could land after the run has finished, and test nothing)
     again = start_run(project)
-    time.sleep(random.Random().uniform(3.0, 25.0))
+    wait_for(lambda: compute_child_running(again), again)
+    time.sleep(random.Random().uniform(0.0, 4.0))
+    assert again.poll() is None, "the rerun finished before the kill"
     kill(again)
 
     done = python(["-m", "pipelines", "run"], project, timeout=900)

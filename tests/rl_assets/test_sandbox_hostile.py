@@ -528,8 +528,9 @@ class World:
     """Victims and canaries for one kind of scorer ("root" or "unprivileged"), and the check that a run changed nothing."""
 
     def __init__(self, kind: str):
-        self.uid = None if kind == "root" else random.randrange(1 << 29, 1 << 30)  # a fresh unprivileged uid, nobody else's
-        low = random.randrange(SANDBOX_UIDS[0], SANDBOX_UIDS[1] - (1 << 16))
+        draw = random.SystemRandom()  # not the module's generator, which trainers in other tests seed: two runs would draw the same uids
+        self.uid = None if kind == "root" else draw.randrange(1 << 29, 1 << 30)  # a fresh unprivileged uid, nobody else's
+        low = draw.randrange(SANDBOX_UIDS[0], SANDBOX_UIDS[1] - (1 << 16))
         self.uid_range = (low, low + (1 << 16))  # as root, this world's sandboxes draw from here: another test run's are not ours
         owner = 0 if self.uid is None else self.uid
         self.base = Path(tempfile.mkdtemp(prefix="rl-assets-hostile-"))
@@ -710,7 +711,11 @@ def world(request):
     if os.geteuid() != 0:
         pytest.skip("needs root: it runs the corpus as root and as a fresh uid, against root-owned victims (CI runs it as root)")
     world = World(request.param)
-    world.scorer = Scorer(world)
+    try:
+        world.scorer = Scorer(world)
+    except BaseException:
+        world.close()  # its canary would outlive the run, and a later run drawing the same uid would count it as an escape
+        raise
     yield world
     world.scorer.close()
     world.close()
