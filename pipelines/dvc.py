@@ -107,19 +107,19 @@ def effective_dvc_params(keys: list[str], params_file: str, overrides: list[str]
     validated = parse_params(written, params_file, overrides).model_dump(mode="json")
     values = {}
     for key in keys:
-        found, typed = _dotted(raw, key), _dotted(validated, key)
-        if found is not _MISSING:
+        found, typed = dotted(raw, key), dotted(validated, key)
+        if found is not MISSING:
             values[key] = _typed_like(found, typed)
     return values
 
 
-_MISSING = object()
+MISSING = object()
 
 
-def _dotted(mapping, key: str):
+def dotted(mapping, key: str):
     for part in key.split("."):
         if not isinstance(mapping, dict) or part not in mapping:
-            return _MISSING
+            return MISSING
         mapping = mapping[part]
     return mapping
 
@@ -127,11 +127,11 @@ def _dotted(mapping, key: str):
 def _typed_like(raw, validated):
     """`raw`'s structure with each leaf taken from `validated` where it has one (YAML 1.1 reads 1e-4 as text; DVC as a float)."""
     if isinstance(raw, dict):
-        return {k: _typed_like(v, validated.get(k, _MISSING) if isinstance(validated, dict) else _MISSING) for k, v in raw.items()}
+        return {k: _typed_like(v, validated.get(k, MISSING) if isinstance(validated, dict) else MISSING) for k, v in raw.items()}
     if isinstance(raw, list):
-        others = validated if isinstance(validated, list) and len(validated) == len(raw) else [_MISSING] * len(raw)
+        others = validated if isinstance(validated, list) and len(validated) == len(raw) else [MISSING] * len(raw)
         return [_typed_like(v, o) for v, o in zip(raw, others)]
-    return raw if validated is _MISSING or isinstance(validated, (dict, list)) else validated
+    return raw if validated is MISSING or isinstance(validated, (dict, list)) else validated
 
 
 def record_run_params(stage: str, values: dict) -> bool:

@@ -26,7 +26,7 @@ from dagster import (AssetCheckResult, AssetExecutionContext, AssetKey, Configur
 from dagster._core.errors import DagsterExecutionInterruptedError, DagsterInvalidPropertyError
 
 from pipelines.checks import check_result, guarded
-from pipelines.dvc import record_in_dvc
+from pipelines.dvc import MISSING, dotted, record_in_dvc
 from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
 from rl_assets.config import ComputeParams, Params, load_params
 from rl_assets.paths import dvc_stage_name, stage_of
@@ -94,16 +94,7 @@ def written_keys(keys: list[str]) -> list[str]:
     resource = ParamsResource()
     path = Path(resource.path)
     raw = _written_params(resource.path, tuple(resource.overrides), path.read_bytes() if path.is_file() else b"", frozenset(os.environ.items()))
-
-    def written(key: str) -> bool:
-        value = raw
-        for part in key.split("."):
-            if not isinstance(value, dict) or part not in value:
-                return False
-            value = value[part]
-        return True
-
-    return [key for key in keys if "." not in key or written(key)]
+    return [key for key in keys if "." not in key or dotted(raw, key) is not MISSING]
 
 
 @functools.lru_cache(maxsize=8)
