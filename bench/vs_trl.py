@@ -1,6 +1,7 @@
 """rl-assets vs TRL: wall time from the same SFT checkpoint to a target held-out sampled accuracy.
 
     .venv/bin/python bench/vs_trl.py [--params params.yaml] [--rounds N] [--set section.key=value] [--gain 0.03 | --target 0.45] [--max-rounds N]
+                                     [--seeds 0,1,2]
 
 rl-assets: the whole pipeline through Dagster (`python -m pipelines run`) in a fresh copy of the
 project. Its time to target is when the first rNN/checkpoint whose sampled accuracy (the evaluation
@@ -17,14 +18,17 @@ accuracy with `rl_assets.evaluation` (same prompts, samples, temperature and see
 asset; the RNG state is restored afterwards), starts the clock again, and stops training at the
 target or after --max-rounds. TRL's clock starts when its process is launched (imports, model load
 and trainer construction count, as the pipeline's step processes count on our side). What still
-differs by design: TRL keeps one optimizer (and its Adam state) across rounds where each of our
-rounds starts a fresh one, and TRL shuffles a round's completions once where we reshuffle per epoch.
+differs by design: TRL keeps one optimizer (and its Adam state) across rounds, as our rounds do
+only with `train.carry_optimizer_state` (the default params set it), and TRL shuffles a round's
+completions once where we reshuffle per epoch.
 With the default guards, a blocking check can stop the pipeline early (`--set guards.kl_max=100`).
 
 Prints both curves, then a JSON summary: times to target and their ratio (rl-assets / TRL), each
 side's seconds to the end of round 1 and per later round, each side's wall time and the machine's
 load average when it ended (other work on the machine slows either side). A target that is not
-reached is a result (null), not an error.
+reached is a result (null), not an error. With --seeds, one comparison per seed, then time to target
+on each side's mean curve over the seeds (the evaluation's noise, ~2 points per seed, shrinks with
+the seeds' count; one seed's time to +3 points mostly says whose noise came up first).
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ import argparse
 import json
 import os
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -92,15 +97,20 @@ def pipeline_curve(root: Path) -> dict:
     accuracy = {(r["checkpoint"], r["mode"]): r["accuracy"] for r in rows}
     checkpoints = sorted({r["checkpoint"] for r in rows})
     with DagsterInstance.from_config(str(root / ".dagster")) as instance:
-        finished = {}
+        finished, evaluation_s = {}, {}
         for name in checkpoints:
             event = instance.get_latest_materialization_event(AssetKey(name.split("/")))
             if event is None:
                 sys.exit(f"no materialization of {name} in {root / '.dagster'}")
             finished[name] = event.timestamp
-    zero = finished["r00/checkpoint"]
-    curve = [{"round": int(name[1:3]), "sampled_accuracy": round(accuracy[(name, "sampled")], 4),
-              "greedy_accuracy": round(accuracy[(name, "greedy")], 4), "elapsed_s": round(finished[name] - zero, 1)} for name in checkpoints]
+            seconds = event.asset_materialization.metadata.get("heldout_seconds")  # the checkpoint's own held-out evaluation
+            evaluation_s[name] = seconds.value if seconds is not None else 0.0
+    zero, curve, evaluating = finished["r00/checkpoint"], [], 0.0
+    for name in checkpoints:
+        evaluating += evaluation_s[name] if name != "r00/checkpoint" else 0.0  # r00's evaluation ends before the clock starts
+        curve.append({"round": int(name[1:3]), "sampled_accuracy": round(accuracy[(name, "sampled")], 4),
+                      "greedy_accuracy": round(accuracy[(name, "greedy")], 4), "elapsed_s": round(finished[name] - zero, 1),
+                      "elapsed_without_evaluation_s": round(finished[name] - zero - evaluating, 1)})
     first = next(r for r in rows if r["mode"] == "sampled")
     return {"curve": curve, "eval": {"prompts": first["n_prompts"], "samples_per_prompt": first["n_samples"],
                                      "temperature": first["temperature"], "seed": first["seed"]}}
@@ -255,10 +265,62 @@ def main() -> None:
     parser.add_argument("--full", action="store_true", help="TRL runs all --max-rounds rounds instead of stopping at the target")
     parser.add_argument("--pipeline-root", type=Path, default=None, help="reuse a finished copy (kept by --keep) instead of running the pipeline")
     parser.add_argument("--keep", action="store_true", help="keep the project copy (its path is printed)")
+    parser.add_argument("--seeds", default=None, metavar="0,1,2",
+                        help="one comparison per seed (`seed=N` override, TRL runs every round), then time to target on the mean curves")
     args = parser.parse_args()
-    python = str(REPO / ".venv/bin/python")
 
-    root = args.pipeline_root.resolve() if args.pipeline_root else make_project(args.params, args.overrides + ([f"rounds={args.rounds}"] if args.rounds is not None else []))
+    if args.seeds and args.pipeline_root:
+        parser.error("--seeds runs a pipeline per seed; it cannot reuse --pipeline-root")
+    if not args.seeds:
+        print(json.dumps(compare(args, args.overrides, args.full), indent=2))
+        return
+    runs = []
+    for seed in (int(s) for s in args.seeds.split(",")):
+        print(f"\n=== seed {seed} ===", file=sys.stderr, flush=True)
+        runs.append(compare(args, args.overrides + [f"seed={seed}"], full=True))  # full curves: the mean curve needs every round
+        print(json.dumps({k: runs[-1][k] for k in ("overrides", "target_sampled_accuracy", "ratio_time_to_target_rl_assets_over_trl",
+                                                      "ratio_later_rounds_rl_assets_over_trl", "ratio_later_rounds_without_evaluation")}), flush=True)
+    print(json.dumps(across_seeds(runs, args.target, args.gain), indent=2))
+
+
+def mean_curve(curves: list[list[dict]]) -> list[dict]:
+    """Round by round over the rounds every seed has: mean sampled accuracy and mean elapsed seconds."""
+    rounds = min(len(curve) for curve in curves)
+    return [{"round": curves[0][i]["round"],
+             "sampled_accuracy": round(statistics.fmean(c[i]["sampled_accuracy"] for c in curves), 4),
+             "elapsed_s": round(statistics.fmean(c[i]["elapsed_s"] for c in curves), 1)} for i in range(rounds)]
+
+
+def across_seeds(runs: list[dict], target: float | None, gain: float) -> dict:
+    """One comparison over several seeds: each seed's ratios, and time to target on the two mean curves.
+
+    A seed's held-out accuracy moves by about 2 points from evaluation noise alone, so one seed's time to
+    +3 points mostly says which side's noise came up first; the mean over n seeds has 1/sqrt(n) of that noise.
+    """
+    ours, theirs = mean_curve([r["rl_assets"]["curve"] for r in runs]), mean_curve([r["trl"]["curve"] for r in runs])
+    goal = target if target is not None else round(ours[0]["sampled_accuracy"] + gain, 4)
+    ours_t, theirs_t = time_to_target(ours, goal), time_to_target(theirs, goal)
+    later = [r["ratio_later_rounds_rl_assets_over_trl"] for r in runs if r["ratio_later_rounds_rl_assets_over_trl"]]
+    bare = [r["ratio_later_rounds_without_evaluation"] for r in runs if r["ratio_later_rounds_without_evaluation"]]
+    return {
+        "seeds": [next((o for o in r["overrides"] if o.startswith("seed=")), None) for r in runs],
+        "per_seed": [{k: r[k] for k in ("target_sampled_accuracy", "ratio_time_to_target_rl_assets_over_trl", "ratio_later_rounds_rl_assets_over_trl",
+                                        "ratio_later_rounds_without_evaluation")}
+                     | {"rl_assets_time_to_target_s": r["rl_assets"]["time_to_target_s"], "trl_time_to_target_s": r["trl"]["time_to_target_s"]}
+                     for r in runs],
+        "mean_curve_target_sampled_accuracy": goal,
+        "mean_curves": {"rl_assets": ours, "trl": theirs},
+        "mean_curves_time_to_target_s": {"rl_assets": ours_t, "trl": theirs_t},
+        "ratio_time_to_target_on_mean_curves": round(ours_t / theirs_t, 2) if ours_t and theirs_t else None,
+        "median_ratio_later_rounds": round(statistics.median(later), 2) if later else None,
+        "median_ratio_later_rounds_without_evaluation": round(statistics.median(bare), 2) if bare else None,
+    }
+
+
+def compare(args: argparse.Namespace, overrides: list[str], full: bool) -> dict:
+    """One seed: the pipeline in a fresh copy (or a kept one), then TRL from its r00; the summary of both curves."""
+    python = str(REPO / ".venv/bin/python")
+    root = args.pipeline_root.resolve() if args.pipeline_root else make_project(args.params, overrides + ([f"rounds={args.rounds}"] if args.rounds is not None else []))
     try:
         pipeline_run = None
         if args.pipeline_root is None:
@@ -275,7 +337,7 @@ def main() -> None:
         out = root / "trl-result.json"
         t0 = time.time()
         command = [python, str(Path(__file__).resolve()), "_trl", "--target", str(target), "--max-rounds", str(max_rounds), "--out", str(out), "--t0", str(t0)]
-        trl_run = run_logged(command + (["--full"] if args.full else []), root, root / "trl.log")
+        trl_run = run_logged(command + (["--full"] if full else []), root, root / "trl.log")
         theirs = json.loads(out.read_text())
 
         print(f"\n{'round':>5}  {'rl-assets sampled':>17} {'elapsed s':>10}   {'TRL sampled':>11} {'elapsed s':>10}")
@@ -288,11 +350,13 @@ def main() -> None:
             print(f"{row['round']:>5}  {left}   {right}")
         ours_t, theirs_t = time_to_target(ours["curve"], target), time_to_target(theirs["curve"], target)
         ours_r, theirs_r = round_seconds(ours["curve"]), round_seconds(theirs["curve"])
+        ours_bare = round_seconds([{**r, "elapsed_s": r["elapsed_without_evaluation_s"]} for r in ours["curve"]])
         summary = {
-            "params": str(args.params), "overrides": args.overrides, "rounds": len(ours["curve"]) - 1, "target_sampled_accuracy": target,
+            "params": str(args.params), "overrides": overrides, "rounds": len(ours["curve"]) - 1, "target_sampled_accuracy": target,
             "target_rule": "--target" if args.target is not None else f"r00 sampled + {args.gain}",
             "evaluation": ours["eval"],
-            "rl_assets": {"time_to_target_s": ours_t, **ours_r, "pipeline_process": pipeline_run,
+            "rl_assets": {"time_to_target_s": ours_t, **ours_r, "later_rounds_without_evaluation_s": ours_bare["later_rounds_s"],
+                          "pipeline_process": pipeline_run,
                           "curve": ours["curve"]},
             "trl": {"time_to_target_s": theirs_t, **theirs_r, "trl_process": trl_run,
                     **{k: theirs[k] for k in ("setup_s", "eval_s_excluded", "steps_per_round", "trl_version", "device", "config")},
@@ -301,8 +365,11 @@ def main() -> None:
             "ratio_time_to_target_rl_assets_over_trl": round(ours_t / theirs_t, 2) if ours_t and theirs_t else None,
             "ratio_later_rounds_rl_assets_over_trl": round(ours_r["later_rounds_s"] / theirs_r["later_rounds_s"], 2)
             if ours_r["later_rounds_s"] and theirs_r["later_rounds_s"] else None,
+            # TRL's evaluation is off its clock; ours runs inside each checkpoint's step. The same rule on both sides:
+            "ratio_later_rounds_without_evaluation": round(ours_bare["later_rounds_s"] / theirs_r["later_rounds_s"], 2)
+            if ours_bare["later_rounds_s"] and theirs_r["later_rounds_s"] else None,
         }
-        print(json.dumps(summary, indent=2))
+        return summary
     finally:
         if args.keep or args.pipeline_root:
             print(f"project copy kept: {root}", file=sys.stderr)

@@ -11,7 +11,8 @@ several processes).
 
 from typing import Iterator
 
-from dagster import AssetCheckResult, AssetExecutionContext, AssetKey, DataVersion, MaterializeResult, PipesSubprocessClient, multi_asset
+from dagster import (AssetCheckResult, AssetExecutionContext, AssetKey, DagsterEventType, DataVersion, MaterializeResult, PipesSubprocessClient,
+                     multi_asset)
 
 from pipelines.assets import COMPUTE_TAGS, TRAINING_RETRY, base_checkpoint_spec, evaluation_spec
 from pipelines.checks import guard_specs
@@ -37,9 +38,12 @@ def compute_asset(rounds: int):
     def compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult | AssetCheckResult]:
         wanted = flow_order([key.to_user_string() for key in context.selected_asset_keys])
         done = done_in_this_run(context, wanted)
-        yield from reported_again(context, [key for key in wanted if key in done])
         checks = {(c.asset_key, c.name) for c in context.selected_asset_check_keys}
+        yield from reported_again(context, [key for key in wanted if key in done], checks)
         todo = [key for key in wanted if key not in done]
+        if done:
+            context.log.info(f"attempt {context.retry_number + 1}: {len(done)} outputs were written by an earlier attempt of this run "
+                             f"(reported again); continuing from {todo[0] if todo else 'nothing left'}")
         for result in run_compute(context, pipes, params, todo) if todo else ():
             if not isinstance(result, AssetCheckResult) or (result.asset_key, result.check_name) in checks:
                 yield result
@@ -59,9 +63,16 @@ def done_in_this_run(context: AssetExecutionContext, keys: list[str]) -> set[str
     return done
 
 
-def reported_again(context: AssetExecutionContext, keys: list[str]) -> Iterator[MaterializeResult]:
-    """The outputs an earlier attempt wrote, reported by this one with their data versions (a step reports every output it was asked for)."""
+def reported_again(context: AssetExecutionContext, keys: list[str], checks: set) -> Iterator[MaterializeResult | AssetCheckResult]:
+    """The outputs an earlier attempt wrote, reported by this one with their data versions and their guards' verdicts (a step reports
+    every output and check it was asked for)."""
     for key in keys:
         materialization = context.instance.get_latest_materialization_event(AssetKey(key.split("/"))).asset_materialization
         yield MaterializeResult(asset_key=materialization.asset_key, metadata={**materialization.metadata, "written_by_an_earlier_attempt": True},
                                 data_version=DataVersion(materialization.tags["dagster/data_version"]))
+    done = {AssetKey(key.split("/")) for key in keys}
+    for event in context.instance.all_logs(context.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
+        verdict = event.dagster_event.event_specific_data
+        if verdict.asset_key in done and (verdict.asset_key, verdict.check_name) in checks:
+            yield AssetCheckResult(asset_key=verdict.asset_key, check_name=verdict.check_name, passed=verdict.passed, severity=verdict.severity,
+                                   description=verdict.description, metadata=verdict.metadata)

@@ -8,6 +8,7 @@ materialized, and the asset's guards run in the same step (pipelines/checks.py).
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -16,14 +17,16 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import warnings
 from pathlib import Path
 from typing import Iterator
 
 from dagster import (AssetCheckResult, AssetExecutionContext, AssetKey, ConfigurableResource, DataVersion, Failure, MaterializeResult,
-                     PipesSubprocessClient, PreviewWarning, open_pipes_session)
+                     PipesMessageReader, PipesSubprocessClient, PipesTempFileMessageReader, PreviewWarning, open_pipes_session)
 from dagster._core.errors import DagsterExecutionInterruptedError, DagsterInvalidPropertyError
+from dagster_pipes import PipesDefaultMessageWriter
 
 from pipelines.checks import check_result, guarded
 from pipelines.dvc import MISSING, dotted, record_in_dvc
@@ -173,7 +176,7 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
     env = {**pipes.env, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", ERROR_DIR_ENV: str(errors)}
     seen, written = 0, set()
     try:
-        with open_pipes_session(context=context, context_injector=pipes.context_injector, message_reader=pipes.message_reader) as session:
+        with open_pipes_session(context=context, context_injector=pipes.context_injector, message_reader=_message_reader(pipes)) as session:
             process = subprocess.Popen(command, cwd=pipes.cwd, env={**os.environ, **env, **session.get_bootstrap_env_vars()})
             try:
                 while process.poll() is None:
@@ -192,9 +195,85 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
             yield result
         if process.returncode != 0:
             not_written = [key for key in keys if AssetKey(key.split("/")) not in written]
-            raise step_failure(not_written[0] if not_written else keys[-1], process.returncode, _error_records(errors), not_written)
+            failure = step_failure(not_written[0] if not_written else keys[-1], process.returncode, _error_records(errors), not_written)
+            if isinstance(failure, ComputeStepCrashed):  # said now: the retry policy's delay would otherwise pass without a word
+                context.log.warning(f"{failure}; {len(keys) - len(not_written)} of its {len(keys)} outputs were written before it; a retry "
+                                    f"(the step's retry policy, while attempts are left) continues from {not_written[0] if not_written else keys[-1]}")
+            raise failure
     finally:
         shutil.rmtree(errors, ignore_errors=True)
+
+
+class WholeLineMessageReader(PipesMessageReader):
+    """Dagster's temporary-file message reader, except that a message is read only once its whole line is written.
+
+    The child's Pipes writer appends each message as one JSON line through a buffered text file, so a message longer
+    than the buffer (a rollouts table's samples, the evaluation's per-round numbers) reaches the file in pieces.
+    Dagster's reader (`tail_file`) parses whatever `readline` returns; when it lands between two pieces, its thread
+    dies on the JSONDecodeError and every later message of the step is lost: the outputs are on disk but never
+    materialized (seen on this 2-core machine under load: `[pipes] framework exception occurred in
+    PipesFileMessageReader reader thread`, then `did not yield or return expected outputs`).
+    """
+
+    def __init__(self, include_stdio_in_messages: bool = False):
+        self.include_stdio_in_messages = include_stdio_in_messages
+
+    @contextlib.contextmanager
+    def read_messages(self, handler) -> Iterator[dict]:
+        with tempfile.TemporaryDirectory(prefix="rl-assets-pipes-") as directory:
+            path = os.path.join(directory, "messages")
+            open(path, "w", encoding="utf-8").close()
+            session_closed = threading.Event()
+            thread = threading.Thread(target=self._read, args=(path, handler, session_closed), daemon=True)
+            thread.start()
+            try:
+                yield {PipesDefaultMessageWriter.FILE_PATH_KEY: path,
+                       PipesDefaultMessageWriter.INCLUDE_STDIO_IN_MESSAGES_KEY: self.include_stdio_in_messages}
+            finally:
+                session_closed.set()
+                thread.join()
+
+    @staticmethod
+    def _read(path: str, handler, session_closed: threading.Event) -> None:
+        try:
+            for line in whole_lines(path, session_closed.is_set):
+                handler.handle_message(json.loads(line))
+        except Exception:
+            handler.report_pipes_framework_exception("WholeLineMessageReader reader thread", sys.exc_info())
+            raise
+
+    def no_messages_debug_text(self) -> str:
+        return "Attempted to read messages from a local temporary file."
+
+
+def whole_lines(path: str, should_stop) -> Iterator[str]:
+    """The lines appended to `path`, each once its newline is there, until `should_stop()` and nothing more to read.
+
+    `should_stop` is asked before each read, so what the writer wrote before it stopped is all read. A last piece
+    without its newline is dropped: its writer died mid-message (its exit code says so).
+    """
+    pending = ""
+    with open(path, encoding="utf-8") as stream:
+        while True:
+            stopping = should_stop()
+            piece = stream.readline()
+            if piece:
+                pending += piece
+                if pending.endswith("\n"):
+                    yield pending
+                    pending = ""
+            elif stopping:
+                return
+            else:
+                time.sleep(0.01)
+
+
+def _message_reader(pipes: PipesSubprocessClient):
+    """The pipes resource's reader, with Dagster's default one replaced by `WholeLineMessageReader`."""
+    reader = pipes.message_reader
+    if type(reader) is PipesTempFileMessageReader:
+        return WholeLineMessageReader(reader._include_stdio_in_messages)
+    return reader
 
 
 class ComputeStepCrashed(Exception):

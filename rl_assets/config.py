@@ -546,13 +546,17 @@ def parse_params(raw: dict, source: str = "params.yaml", overrides: tuple[str, .
         raise ParamsError(_format_error(error, source)) from None
 
 
+# libyaml's loader (PyYAML's C binding) reads the same YAML ~10x faster; every code-location load reads the params file.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
 def read_params_file(path: str | Path) -> dict:
     """The params file as written (a mapping), with the file named in every error."""
     path = Path(path)
     if not path.is_file():
         raise ParamsError(f"{path}: file not found")
     try:
-        raw = yaml.safe_load(path.read_text())
+        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER)
     except yaml.YAMLError as error:
         raise ParamsError(f"{path}: not valid YAML: {error}") from None
     return raw or {}

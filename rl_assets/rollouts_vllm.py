@@ -55,6 +55,9 @@ class VllmEngine:
 
     def _take_weights(self, model, policy_id: str) -> None:
         if self.sleep:
+            import torch
+
+            torch.cuda.empty_cache()  # as TRL does before waking: blocks the training step's allocator still caches would crowd the weights out
             self.llm.wake_up(tags=["weights"])
         runner = self.llm.llm_engine.model_executor.driver_worker.model_runner
         runner.model.load_weights((name, parameter.detach()) for name, parameter in model.state_dict().items())

@@ -122,7 +122,7 @@ def project_code(entries: list[str]) -> list[str]:
     if key not in known:
         known[key] = [str(path) for path in _project_files(entries)]
         _remember_closures(state, known)
-    return [_relative(Path(path)) for path in known[key]]
+    return [_relative(path) for path in known[key]]
 
 
 @lru_cache(maxsize=1)
@@ -183,12 +183,18 @@ def _project_files(entries: list[str]) -> list[Path]:
     return sorted(files)
 
 
-def _relative(path: Path) -> str:
+def _relative(path: str | Path) -> str:
     """A path relative to the working directory (the project root) when inside it, else absolute."""
+    return _relative_to(str(path), os.getcwd())
+
+
+@lru_cache(maxsize=4096)  # every asset of a stage lists the same files; resolving each costs a stat per path component
+def _relative_to(path: str, cwd: str) -> str:
+    resolved = Path(path).resolve()
     try:
-        return path.resolve().relative_to(Path.cwd().resolve()).as_posix()
+        return resolved.relative_to(Path(cwd).resolve()).as_posix()
     except ValueError:
-        return path.resolve().as_posix()
+        return resolved.as_posix()
 
 
 def user_module_file(name: str) -> str | None:

@@ -178,12 +178,14 @@ def with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, d
     if dist.is_initialized() and dist.get_rank() != 0:
         return metadata
     mode = precision(params, device)
+    started = time.perf_counter()
     try:
-        rows, _ = evaluated(checkpoint, params, root, device, mode, load=lambda: loaded.policy(checkpoint, device, weights_dtype(mode)))
+        rows, reused = evaluated(checkpoint, params, root, device, mode, load=lambda: loaded.policy(checkpoint, device, weights_dtype(mode)))
     except Exception as error:  # e.g. a reward that raises: its own asset fails with it; the checkpoint is fine
         print(f"warning: held-out evaluation of {checkpoint} failed: {type(error).__name__}: {error}", file=sys.stderr)
         return {**metadata, "heldout_error": f"{type(error).__name__}: {error}"[:500]}
-    return {**metadata, **heldout_metadata(rows)}
+    # what the evaluation added to this step's time (0 when an earlier evaluation of the same checkpoint was reused)
+    return {**metadata, **heldout_metadata(rows), "heldout_seconds": 0.0 if reused else round(time.perf_counter() - started, 2)}
 
 
 def run_evaluation(params: Params, root: Path, device: str) -> dict:

@@ -106,3 +106,60 @@ def test_a_blocking_guard_stops_the_resident_child_at_its_output_and_nothing_aft
     rerun = python(["-m", "pipelines", "run"], project, timeout=900)
     assert "from r01/checkpoint (its blocking check kl_within_limit did not pass" in rerun.stdout + rerun.stderr
     assert (project / "data/r02/checkpoint").is_dir() and (project / "data/evaluation.parquet").is_file()
+
+
+# The micro dense reward, except that the first call scoring r02's rollouts kills its own process, as the kernel's OOM
+# killer would: once (a marker file remembers), so the op's retry policy gets a crash that a retry survives.
+CRASH_ONCE_REWARD = '''"""digit_share, with one SIGKILL of the compute child while it scores r02's rollouts."""
+
+import os
+import signal
+from pathlib import Path
+
+
+def digit_share(completions, **kwargs):
+    scoring_r02 = Path("data/r02/rollouts.parquet").exists() and not Path("data/r02/rewards.parquet").exists()
+    if scoring_r02 and not Path("crashed-once").exists():
+        Path("crashed-once").write_text(str(os.getpid()))
+        os.kill(os.getpid(), signal.SIGKILL)
+    return [sum(ch.isdigit() for ch in c) / max(len(c), 1) for c in completions]
+'''
+
+
+def test_a_retry_after_the_compute_child_dies_continues_after_what_it_wrote_and_ends_with_the_same_checkpoints(
+        resident_and_one_at_a_time, micro_template, tmp_path):
+    resident, _ = resident_and_one_at_a_time
+    project = three_rounds(copy_project(micro_template, tmp_path / "project"))
+    (project / "micro_rewards.py").write_text(CRASH_ONCE_REWARD)
+    done = python(["-m", "pipelines", "run"], project, timeout=1200)
+    assert (project / "crashed-once").is_file()  # the child did die once, mid-run
+    said = done.stdout + done.stderr  # the crash is named when it happens, and the retry says where it continues
+    assert "the r02/rewards step's process was killed by SIGKILL" in said and "a retry (the step's retry policy" in said
+    assert "attempt 2: 5 outputs were written by an earlier attempt of this run (reported again); continuing from r02/rewards" in said
+
+    events = materializations(project, OUTPUTS)
+    run_id = events["r03/checkpoint"].run_id
+    with DagsterInstance.from_config(str(project / ".dagster")) as instance:
+        logs = [e.dagster_event for e in instance.all_logs(run_id) if e.dagster_event]
+        history = {key: [r.asset_materialization for r in instance.fetch_materializations(AssetKey(key.split("/")), limit=10).records]
+                   for key in ROUND_KEYS}
+        verdicts = [e.dagster_event.event_specific_data for e in instance.all_logs(run_id) if e.dagster_event
+                    and e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION"]
+    assert [e.event_type_value for e in logs if e.step_key == "compute" and e.event_type_value in ("STEP_UP_FOR_RETRY", "STEP_RESTARTED", "STEP_SUCCESS")] \
+        == ["STEP_UP_FOR_RETRY", "STEP_RESTARTED", "STEP_SUCCESS"]
+    assert {event.run_id for event in events.values()} == {run_id}  # one run, two attempts of its compute step
+    # the retry wrote nothing twice: what the first attempt wrote (through r02/rollouts) it reports again, with the same data version
+    first_attempt = ["r01/rollouts", "r01/rewards", "r01/checkpoint", "r02/rollouts"]
+    for key in ROUND_KEYS:
+        versions = [m.tags["dagster/data_version"] for m in history[key]]
+        again = [bool(m.metadata.get("written_by_an_earlier_attempt") and m.metadata["written_by_an_earlier_attempt"].value) for m in history[key]]
+        assert (len(versions), sorted(again)) == ((2, [False, True]) if key in first_attempt else (1, [False])), key
+        assert len(set(versions)) == 1, key
+    # and the guards of those outputs are reported again by the attempt that finished the step, as the first attempt judged them
+    kl = [(v.passed, v.metadata["kl"].value) for v in verdicts if (v.asset_key.to_user_string(), v.check_name) == ("r01/checkpoint", "kl_within_limit")]
+    assert len(kl) == 2 and kl[0] == kl[1]
+    # and the checkpoints are the bits of the run that never crashed (same params, same rewards' values)
+    assert {key: checkpoint_id(project / "data" / key) for key in OUTPUTS if key.endswith("checkpoint")} == \
+        {key: checkpoint_id(resident / "data" / key) for key in OUTPUTS if key.endswith("checkpoint")}
+    again = python(["-m", "pipelines", "run"], project, timeout=300)
+    assert "nothing to do" in again.stdout + again.stderr

@@ -182,6 +182,8 @@ class StandInLLM:
 
 @pytest.fixture
 def stand_in_vllm(monkeypatch):
+    import trl  # noqa: F401  TRL looks for vLLM once, when it is imported (the log-prob pass imports it): the stand-in is not a package to find
+
     calls: list = []
     eos = build_tiny_tokenizer().eos_token_id
     module = types.SimpleNamespace(LLM=lambda **kwargs: StandInLLM(calls, eos, **kwargs), SamplingParams=lambda **kwargs: kwargs)
