@@ -195,10 +195,11 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
             yield result
         if process.returncode != 0:
             not_written = [key for key in keys if AssetKey(key.split("/")) not in written]
-            failure = step_failure(not_written[0] if not_written else keys[-1], process.returncode, _error_records(errors), not_written)
+            failed_at = not_written[0] if not_written else keys[-1]
+            failure = step_failure(failed_at, process.returncode, _error_records(errors), not_written)
             if isinstance(failure, ComputeStepCrashed):  # said now: the retry policy's delay would otherwise pass without a word
                 context.log.warning(f"{failure}; {len(keys) - len(not_written)} of its {len(keys)} outputs were written before it; a retry "
-                                    f"(the step's retry policy, while attempts are left) continues from {not_written[0] if not_written else keys[-1]}")
+                                    f"(the step's retry policy, while attempts are left) continues from {failed_at}")
             raise failure
     finally:
         shutil.rmtree(errors, ignore_errors=True)
