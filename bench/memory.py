@@ -203,7 +203,7 @@ def build_trl_trainer(args, model, output_dir: str):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rl_assets.models import build_tiny_tokenizer
+    from rl_assets.tokenizer import build_tiny_tokenizer
 
     config = GRPOConfig(
         output_dir=output_dir, use_cpu=True, bf16=False, fp16=False, per_device_train_batch_size=args.sequences, gradient_accumulation_steps=1,

@@ -1,16 +1,20 @@
 """Orchestration overhead: the Dagster pipeline vs the same library calls in one plain Python process.
 
-    .venv/bin/python bench/orchestration_overhead.py [--params params.yaml]
+    .venv/bin/python bench/orchestration_overhead.py [--params params.yaml] [--repeats 3] [--dvc]
 
 Both runs use the same params in fresh copies of the project and produce the same outputs; the
 plain run is the loop a team would write by hand (one process, models kept loaded), so the ratio
-(pipeline / plain) is what Dagster, its step processes, Pipes and DVC's records cost on top.
-Both are measured in the same invocation, so the machine's load affects both.
+(pipeline / plain) is what Dagster, its step processes and Pipes cost on top. With `--dvc` the
+pipeline's copy is also a DVC project, so each output is recorded in dvc.lock as `make run` does
+(the plain loop records nothing); without it the copies have no dvc.yaml and nothing is recorded.
+Both sides are measured in the same invocation; with `--repeats` they alternate which goes first,
+and the median ratio is the figure (one pair on a shared 2-core machine varies by ~0.1).
 """
 
 import argparse
 import json
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -21,12 +25,20 @@ REPO = Path(__file__).resolve().parents[1]
 COPY = ["rl_assets", "pipelines", "data/raw", "dagster.yaml", "workspace.yaml"]
 
 
-def make_project(params: Path) -> Path:
+DVC_FILES = [".dvcignore", ".dvc/config", ".dvc/.gitignore"]
+
+
+def make_project(params: Path, dvc: bool = False) -> Path:
     root = Path(tempfile.mkdtemp(prefix="rl-assets-bench-"))
-    for item in COPY:
-        source = REPO / item
-        (shutil.copytree if source.is_dir() else shutil.copy)(source, root / item)
+    for item in COPY + (DVC_FILES if dvc else []):
+        source, target = REPO / item, root / item
+        target.parent.mkdir(parents=True, exist_ok=True)
+        (shutil.copytree if source.is_dir() else shutil.copy)(source, target)
     shutil.copy(params, root / "params.yaml")
+    if dvc:  # a DVC project as the repo is one: git, the DVC venv, dvc.yaml generated for these params
+        (root / ".venv-dvc").symlink_to(REPO / ".venv-dvc")
+        subprocess.run(["git", "init", "--quiet"], cwd=root, check=True)
+        subprocess.run([str(REPO / ".venv/bin/python"), "-m", "pipelines", "dvc-sync"], cwd=root, check=True, capture_output=True)
     return root
 
 
@@ -35,12 +47,12 @@ PLAIN = """
 from pathlib import Path
 from rl_assets.config import load_params
 from rl_assets.loaded import Loaded
-from rl_assets.models import load_tokenizer
 from rl_assets.paths import output_path
 from rl_assets.prompts import build_prompts
 from rl_assets.raw_data import load_raw_data
 from rl_assets.schemas import PROMPTS, RAW_DATA, write_table
 from rl_assets.stages import run_stage
+from rl_assets.tokenizer import load_tokenizer
 
 params, root, loaded = load_params("params.yaml"), Path("."), Loaded()
 raw, _ = load_raw_data(params.raw_data, params.seed)
@@ -68,22 +80,45 @@ def checkpoint_ids(root: Path) -> list[str]:
     return [json.loads(card.read_text())["checkpoint_id"] for card in sorted(root.glob("data/r*/checkpoint/lineage.json"))]
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
-    args = parser.parse_args()
+def recorded_stages(root: Path) -> int:
+    """How many stages the project's dvc.lock records."""
+    import yaml
+
+    lock = root / "dvc.lock"
+    return len((yaml.safe_load(lock.read_text()) or {}).get("stages", {})) if lock.is_file() else 0
+
+
+def measure_pair(params: Path, dvc: bool, plain_first: bool) -> dict:
+    """One plain run and one pipeline run of `params`, in fresh copies, in the order asked."""
     python = str(REPO / ".venv/bin/python")
-    plain_root, pipeline_root = make_project(args.params), make_project(args.params)
+    plain_root, pipeline_root = make_project(params), make_project(params, dvc)
+    sides = {"plain": ([python, "-c", PLAIN], plain_root), "pipeline": ([python, "-m", "pipelines", "run"], pipeline_root)}
     try:
-        plain = timed([python, "-c", PLAIN], plain_root)
-        pipeline = timed([python, "-m", "pipelines", "run"], pipeline_root)
+        seconds = {side: timed(*sides[side]) for side in (("plain", "pipeline") if plain_first else ("pipeline", "plain"))}
         same = [json.loads((root / "data/evaluation.json").read_text()) for root in (plain_root, pipeline_root)]
-        print(json.dumps({"params": str(args.params), "plain_python_s": round(plain, 1), "dagster_pipeline_s": round(pipeline, 1),
-                          "overhead_ratio": round(pipeline / plain, 2), "same_evaluation": same[0] == same[1],
-                          "same_checkpoints": checkpoint_ids(plain_root) == checkpoint_ids(pipeline_root)}, indent=2))
+        return {"first": "plain" if plain_first else "pipeline", "plain_python_s": round(seconds["plain"], 1),
+                "dagster_pipeline_s": round(seconds["pipeline"], 1), "overhead_ratio": round(seconds["pipeline"] / seconds["plain"], 3),
+                "same_evaluation": same[0] == same[1], "same_checkpoints": checkpoint_ids(plain_root) == checkpoint_ids(pipeline_root),
+                **({"dvc_lock_stages": recorded_stages(pipeline_root)} if dvc else {})}
     finally:
         shutil.rmtree(plain_root, ignore_errors=True)
         shutil.rmtree(pipeline_root, ignore_errors=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
+    parser.add_argument("--repeats", type=int, default=1, help="pairs to measure, alternating which side goes first (default 1)")
+    parser.add_argument("--dvc", action="store_true", help="the pipeline records each output in dvc.lock, as `make run` does")
+    args = parser.parse_args()
+    pairs = []
+    for n in range(args.repeats):
+        pairs.append(measure_pair(args.params, args.dvc, plain_first=n % 2 == 0))
+        print(json.dumps(pairs[-1]), file=sys.stderr, flush=True)
+    print(json.dumps({"params": str(args.params), "dvc": args.dvc, "pairs": pairs,
+                      "overhead_ratio": round(statistics.median(p["overhead_ratio"] for p in pairs), 2),
+                      "same_evaluation": all(p["same_evaluation"] for p in pairs),
+                      "same_checkpoints": all(p["same_checkpoints"] for p in pairs)}, indent=2))
 
 
 if __name__ == "__main__":

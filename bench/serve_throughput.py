@@ -50,7 +50,8 @@ def build_project(root: Path) -> Path:
     from ops_support import make_fake_project
     from rl_assets.checkpoints import read_lineage, save_checkpoint
     from rl_assets.config import ModelParams
-    from rl_assets.models import build_tiny_model, build_tiny_tokenizer
+    from rl_assets.models import build_tiny_model
+    from rl_assets.tokenizer import build_tiny_tokenizer
 
     make_fake_project(root)
     tokenizer, path = build_tiny_tokenizer(), root / "data/r01/checkpoint"

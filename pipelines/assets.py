@@ -102,9 +102,9 @@ def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator
     check_specs=guard_specs("prompts"),
 )
 def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
-    from rl_assets.models import load_tokenizer
     from rl_assets.prompts import build_prompts
     from rl_assets.schemas import PROMPTS, read_table, write_table
+    from rl_assets.tokenizer import load_tokenizer
 
     p = params.load()
     table, dropped = build_prompts(read_table(output_path("raw_data"), "raw_data"), p.prompts, load_tokenizer(p.model))

@@ -306,7 +306,7 @@ def main(argv=None) -> int:
         except Exception as error:  # noqa: BLE001 - the run succeeded; a tracker that is down or missing is a warning
             print(f"warning: tracking failed ({type(error).__name__}: {error}); `rl-assets track` retries", file=sys.stderr)
     if args.command == "run":
-        from rl_assets.evaluation import summary_text
+        from rl_assets.reports import summary_text
 
         print(summary_text(Path(".")))
         print(f"\nfinished in {time.perf_counter() - started:.0f} s; outputs under data/; runs and metadata: make ui (http://127.0.0.1:3000)")

@@ -74,7 +74,7 @@ def main(argv: list[str] | None = None) -> int:
             steps = trace_checkpoint(args.checkpoint, Path("."))
             print(json.dumps(steps, indent=2, default=str) if args.json else format_trace(steps))
         elif args.command == "report":
-            from rl_assets.evaluation import summary_text
+            from rl_assets.reports import summary_text
 
             print(summary_text(Path(".")))
         elif args.command == "query":

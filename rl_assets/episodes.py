@@ -70,7 +70,7 @@ class Episodes:
 def end_of_turn(ids: list[int], tokenizer, eos_ids: set[int], stop_strings: tuple[str, ...]) -> tuple[list[int], bool]:
     """(the turn: `ids` up to and including the first end-of-sequence id or the token completing a stop string, whether it ended).
 
-    >>> from rl_assets.models import build_tiny_tokenizer
+    >>> from rl_assets.tokenizer import build_tiny_tokenizer
     >>> tokenizer = build_tiny_tokenizer()
     >>> ids = tokenizer("<call f>1</call>xyz", add_special_tokens=False)["input_ids"]
     >>> turn, ended = end_of_turn(ids, tokenizer, {tokenizer.eos_token_id}, ("</call>",))

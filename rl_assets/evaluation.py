@@ -151,25 +151,3 @@ def evaluated(checkpoint: Path, params, root: Path, device: str, precision: str 
 def heldout_metadata(rows: list[dict]) -> dict:
     """What a checkpoint's own materialization shows about its evaluation."""
     return {f"heldout_{row['mode']}_{metric}": row[metric] for row in rows for metric in ("accuracy", "pass_at_k", "reward_mean")}
-
-
-def summary_text(root: Path = Path(".")) -> str:
-    """The evaluation report as a plain-text table: accuracy per checkpoint, greedy and sampled, with pass@k and mean reward."""
-    from rl_assets.paths import output_path
-    from rl_assets.schemas import read_table
-
-    rows = read_table(output_path("evaluation", root), "evaluation").to_pylist()
-    by_checkpoint: dict[str, dict] = {}
-    for row in rows:
-        by_checkpoint.setdefault(row["checkpoint"], {"id": row["checkpoint_id"]})[row["mode"]] = row
-    first = next(iter(by_checkpoint.values()))
-    k = first["sampled"]["n_samples"]
-    lines = ["held-out accuracy by {} (greedy; sampled at T={:.1f}, {} samples/prompt, {} prompts)".format(
-        first["sampled"]["correctness"], first["sampled"]["temperature"], k, first["sampled"]["n_prompts"]),
-        f"{'checkpoint':<16}{'id':<14}{'greedy':>8}{'sampled':>9}{'Δ sampled':>11}{f'pass@{k}':>9}{'reward':>8}"]
-    for name, entry in by_checkpoint.items():
-        sampled = entry["sampled"]
-        delta = (sampled["accuracy"] - first["sampled"]["accuracy"]) * 100
-        lines.append(f"{name:<16}{entry['id'][:12]:<14}{entry['greedy']['accuracy']:>8.3f}{sampled['accuracy']:>9.3f}{delta:>+10.1f}p"
-                     f"{sampled['pass_at_k']:>9.3f}{sampled['reward_mean']:>8.3f}")
-    return "\n".join(lines)

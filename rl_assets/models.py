@@ -1,32 +1,18 @@
-"""The policy model: the embedded tiny Llama with a character-level tokenizer, or any HF causal LM.
+"""The policy model: the embedded tiny Llama (its character-level tokenizer is in tokenizer.py), or any HF causal LM.
 
-`tiny` needs no download: the tokenizer's vocabulary is fixed here and the weights are initialised
+`tiny` needs no download: the tokenizer's vocabulary is fixed and the weights are initialised
 from the seed, so every machine builds the same base model.
 """
 
 from __future__ import annotations
 
-import string
 from pathlib import Path
 
 import torch
-from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
 from rl_assets.config import LoraParams, ModelParams, ParamsError
-
-SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
-TINY_CHARACTERS = string.digits + string.ascii_letters + " +-*/=().,:;?!#%$&'\"<>[]{}\\^_|~@\n"
-
-
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer: one token per character, BOS prepended, no download."""
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(TINY_CHARACTERS)))}
-    core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
-    core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
-    core.decoder = decoders.Fuse()
-    core.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+from rl_assets.tokenizer import load_tokenizer
 
 
 def build_tiny_model(params: ModelParams, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
@@ -82,16 +68,6 @@ def check_model(params: ModelParams, source: str = "params.yaml", key: str = "mo
     if tokens > vocab_size:
         raise ParamsError(f"{where}: config.json vocab_size={vocab_size} is smaller than the tokenizer's {tokens} tokens: token ids "
                           f"from {vocab_size} up would index past the embeddings; use the model's own tokenizer or resize its embeddings")
-
-
-def load_tokenizer(params: ModelParams):
-    """The base model's tokenizer (cheap: no weights are loaded)."""
-    if params.name_or_path == "tiny":
-        return build_tiny_tokenizer()
-    tokenizer = AutoTokenizer.from_pretrained(params.name_or_path)
-    if tokenizer.pad_token is None:
-        tokenizer.pad_token = tokenizer.eos_token
-    return tokenizer
 
 
 def load_base_model(params: ModelParams, seed: int):

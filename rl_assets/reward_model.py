@@ -39,7 +39,8 @@ def build_base(params: RewardModelParams, seed: int):
     from transformers import AutoModelForSequenceClassification, AutoTokenizer, LlamaForSequenceClassification
 
     if params.name_or_path == "tiny":
-        from rl_assets.models import build_tiny_model, build_tiny_tokenizer
+        from rl_assets.models import build_tiny_model
+        from rl_assets.tokenizer import build_tiny_tokenizer
 
         tokenizer = build_tiny_tokenizer()
         config = build_tiny_model(ModelParams(tiny=params.tiny), tokenizer, seed).config  # the embedded shape, as a classifier

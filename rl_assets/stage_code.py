@@ -31,7 +31,7 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 # Entry points per stage: what the asset body or compute step calls (`file:function` when the file also serves other stages).
 STAGE_ENTRIES = {
     "raw_data": ["rl_assets/raw_data.py:load_raw_data", "rl_assets/raw_files.py", "rl_assets/raw_generators.py"],
-    "prompts": ["rl_assets/prompts.py:build_prompts", "rl_assets/models.py:load_tokenizer"],
+    "prompts": ["rl_assets/prompts.py:build_prompts", "rl_assets/tokenizer.py"],
     "sft": ["rl_assets/stages.py:run_sft", "rl_assets/sft.py", "rl_assets/models.py", "rl_assets/loaded.py"],
     "rollouts": ["rl_assets/stages.py:run_rollouts", "rl_assets/rollouts.py", "rl_assets/rollouts_vllm.py", "rl_assets/loaded.py"],
     "rewards": ["rl_assets/stages.py:run_rewards", "rl_assets/rewards/__init__.py"],

@@ -20,7 +20,8 @@ TINY = ModelParams(tiny=TinyModelParams(hidden_size=16, num_layers=1, num_heads=
 
 def new_tiny_model(seed: int = 0):
     """A fresh randomly-initialised tiny policy in eval mode (tests that train need their own copy)."""
-    from rl_assets.models import build_tiny_model, build_tiny_tokenizer  # transformers: imported only by tests that need it
+    from rl_assets.models import build_tiny_model  # transformers: imported only by tests that need it
+    from rl_assets.tokenizer import build_tiny_tokenizer
 
     model = build_tiny_model(TINY, build_tiny_tokenizer(), seed)
     model.eval()

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from rl_assets.checkpoints import LINEAGE_FILE, checkpoint_id, read_lineage, save_checkpoint, weights_hash
-from rl_assets.models import build_tiny_tokenizer
 from rl_assets.storage import dir_hash
+from rl_assets.tokenizer import build_tiny_tokenizer
 
 from rl_assets_support import shared_tiny_model
 

@@ -13,8 +13,8 @@ import torch
 from rl_assets.config import RolloutsParams, TrainParams
 from rl_assets.environments import GuessTheNumber, ToolEnvironment, load_environment
 from rl_assets.episodes import EnvironmentFailed, sample_episodes
-from rl_assets.models import build_tiny_tokenizer
 from rl_assets.rollouts import sample_rollouts
+from rl_assets.tokenizer import build_tiny_tokenizer
 from rl_assets.train import policy_masks, train_on_rollouts
 
 from rl_assets_support import prompts_table, shared_tiny_model

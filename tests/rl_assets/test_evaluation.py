@@ -1,4 +1,4 @@
-"""evaluation.py: held-out prompts, the greedy and sampled rows, and the text report."""
+"""evaluation.py: held-out prompts, the greedy and sampled rows; and the text report a run ends with (reports.summary_text)."""
 
 from __future__ import annotations
 
@@ -6,11 +6,12 @@ import pyarrow as pa
 import pytest
 
 from rl_assets.config import EvaluationParams, RewardFunctionParams, RewardsParams
-from rl_assets.evaluation import eval_prompts, evaluate_checkpoint, summary_text
-from rl_assets.rollouts import Completions
-from rl_assets.models import build_tiny_tokenizer
+from rl_assets.evaluation import eval_prompts, evaluate_checkpoint
 from rl_assets.paths import output_path
+from rl_assets.reports import summary_text
+from rl_assets.rollouts import Completions
 from rl_assets.schemas import EVALUATION, write_table
+from rl_assets.tokenizer import build_tiny_tokenizer
 
 from rl_assets_support import prompts_table, shared_tiny_model
 

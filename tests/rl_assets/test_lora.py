@@ -12,8 +12,9 @@ from transformers import AutoModelForCausalLM
 
 from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
 from rl_assets.config import LoraParams, TrainParams
-from rl_assets.models import build_tiny_tokenizer, load_policy, load_trainable_policy
+from rl_assets.models import load_policy, load_trainable_policy
 from rl_assets.schemas import rewards_schema
+from rl_assets.tokenizer import build_tiny_tokenizer
 from rl_assets.train import train_on_rollouts
 
 from rl_assets_support import new_tiny_model, rollouts_table

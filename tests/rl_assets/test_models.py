@@ -7,8 +7,8 @@ import torch
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from rl_assets.config import ModelParams
-from rl_assets.models import (SPECIAL_TOKENS, TINY_CHARACTERS, build_tiny_tokenizer, load_base_model, load_policy, load_tokenizer,
-                              pick_device)
+from rl_assets.models import load_base_model, load_policy, pick_device
+from rl_assets.tokenizer import SPECIAL_TOKENS, TINY_CHARACTERS, build_tiny_tokenizer, load_tokenizer
 
 from rl_assets_support import TINY, new_tiny_model, shared_tiny_model
 

@@ -9,10 +9,10 @@ import pytest
 import torch
 
 from rl_assets.config import TrainParams
-from rl_assets.models import build_tiny_tokenizer
 from rl_assets.preference import preference_pairs, top_completions, train_dpo, train_rft
 from rl_assets.rollouts import completion_logprobs
 from rl_assets.schemas import rewards_schema
+from rl_assets.tokenizer import build_tiny_tokenizer
 
 from rl_assets_support import new_tiny_model, rollouts_table
 

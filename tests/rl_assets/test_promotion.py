@@ -146,7 +146,7 @@ def test_warm_start_path_only_when_asked_and_present(tmp_path, monkeypatch):
 def test_r00_starts_from_the_promoted_model_when_asked(tmp_path, monkeypatch):
     from rl_assets.checkpoints import save_checkpoint
     from rl_assets.stages import run_sft
-    from rl_assets.models import build_tiny_tokenizer
+    from rl_assets.tokenizer import build_tiny_tokenizer
 
     from rl_assets_support import new_tiny_model
 
@@ -170,7 +170,8 @@ def test_an_adapter_candidate_is_promoted_as_merged_weights_that_load_without_pe
     from ops_support import write_evaluation
     from rl_assets.checkpoints import save_checkpoint
     from rl_assets.config import LoraParams
-    from rl_assets.models import build_tiny_tokenizer, load_trainable_policy
+    from rl_assets.models import load_trainable_policy
+    from rl_assets.tokenizer import build_tiny_tokenizer
 
     from rl_assets_support import new_tiny_model
 

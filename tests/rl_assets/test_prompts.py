@@ -8,9 +8,9 @@ import pyarrow as pa
 import pytest
 
 from rl_assets.config import PromptsParams
-from rl_assets.models import build_tiny_tokenizer
 from rl_assets.prompts import ChatTemplateError, build_prompts, prompt_id, split_of
 from rl_assets.schemas import PROMPTS, RAW_DATA
+from rl_assets.tokenizer import build_tiny_tokenizer
 
 
 def raw_table(pairs: list[tuple[str, str]], extras: list[str] | None = None) -> pa.Table:

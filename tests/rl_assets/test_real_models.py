@@ -23,10 +23,11 @@ import torch
 from rl_assets.checkpoints import save_checkpoint
 from rl_assets.config import EvaluationParams, ModelParams, PromptsParams, RewardsParams, RolloutsParams, SFTParams
 from rl_assets.evaluation import evaluate_checkpoint
-from rl_assets.models import build_tiny_tokenizer, load_base_model, load_policy, load_tokenizer
+from rl_assets.models import load_base_model, load_policy
 from rl_assets.prompts import build_prompts, render
 from rl_assets.rollouts import generate, sample_rollouts
 from rl_assets.sft import warm_start
+from rl_assets.tokenizer import build_tiny_tokenizer, load_tokenizer
 
 from real_models import (ARCHS, ODD_GENERATION_DEFAULTS, STRICTLY_INVALID_GENERATION_DEFAULTS, TOKENIZER_STYLE, end_token_ids, expected_prompt_ids, leading_count,
                          real_vocab_qwen2_config, save_real_model)

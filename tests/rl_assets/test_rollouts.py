@@ -10,9 +10,9 @@ import pytest
 import torch
 
 from rl_assets.config import RolloutsParams
-from rl_assets.models import build_tiny_tokenizer
 from rl_assets.rollouts import choose_prompts, completion_logprobs, generate, sample_rollouts
 from rl_assets.schemas import ROLLOUTS, read_table, write_table
+from rl_assets.tokenizer import build_tiny_tokenizer
 
 from rl_assets_support import prompts_table, shared_tiny_model
 

@@ -11,8 +11,9 @@ import re
 import pytest
 
 from rl_assets.config import ModelParams, ParamsError, TinyModelParams, parse_params
-from rl_assets.models import build_tiny_tokenizer, check_model
+from rl_assets.models import check_model
 from rl_assets.raw_data import check_run_inputs
+from rl_assets.tokenizer import build_tiny_tokenizer
 
 SOURCES = [{"kind": "jsonl", "path": "data/x.jsonl", "columns": {"prompt": "q", "answer": "a"}}]
 REWARDS = {"functions": [{"name": "arithmetic_answer"}]}

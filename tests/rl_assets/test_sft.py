@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from rl_assets.config import SFTParams
-from rl_assets.models import build_tiny_tokenizer
 from rl_assets.sft import sft_config, warm_start
+from rl_assets.tokenizer import build_tiny_tokenizer
 
 from rl_assets_support import new_tiny_model, prompts_table
 

@@ -61,7 +61,7 @@ def test_resolve_checkpoint_by_round_id_prefix_and_promoted(project):
 
 
 def test_sample_from_a_saved_checkpoint(tmp_path):
-    from rl_assets.models import build_tiny_tokenizer
+    from rl_assets.tokenizer import build_tiny_tokenizer
 
     path = tmp_path / "checkpoint"
     save_checkpoint(new_tiny_model(), build_tiny_tokenizer(), path, {"round": 0})

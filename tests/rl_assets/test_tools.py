@@ -250,7 +250,7 @@ def test_tool_messages():
 
 
 def test_tagged_format_fits_the_tiny_tokenizer():
-    from rl_assets.models import TINY_CHARACTERS  # transformers: only this test needs it
+    from rl_assets.tokenizer import TINY_CHARACTERS  # transformers: only this test needs it
 
     text = "<call calculator>12*34</call>" + format_tool_results(RESULTS, "tagged") + tool_call_prompt({"calculator": calculator}, "tagged")
     assert set(text) <= set(TINY_CHARACTERS), set(text) - set(TINY_CHARACTERS)

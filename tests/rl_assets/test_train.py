@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from rl_assets.config import RolloutsParams, TrainParams
-from rl_assets.models import build_tiny_tokenizer
 from rl_assets.rollouts import completion_logprobs, sample_rollouts
 from rl_assets.schemas import rewards_schema
+from rl_assets.tokenizer import build_tiny_tokenizer
 from rl_assets.train import join_rewards, train_on_rollouts
 
 from rl_assets_support import new_tiny_model, prompts_table, rollouts_table

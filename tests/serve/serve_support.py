@@ -23,7 +23,8 @@ TINY = ModelParams(tiny=TinyModelParams(hidden_size=16, num_layers=1, num_heads=
 
 def make_served_project(root: Path) -> Path:
     """The fake two-round project (ops_support) whose r01 is a real tiny model, promoted."""
-    from rl_assets.models import build_tiny_model, build_tiny_tokenizer
+    from rl_assets.models import build_tiny_model
+    from rl_assets.tokenizer import build_tiny_tokenizer
 
     make_fake_project(root, sampled={0: 0.3, 1: 0.5, 2: 0.4})
     tokenizer = build_tiny_tokenizer()
