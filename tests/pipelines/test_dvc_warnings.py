@@ -8,6 +8,7 @@ committed and not reported as a failure of the stage.
 
 from __future__ import annotations
 
+import os
 import subprocess
 from types import SimpleNamespace
 
@@ -94,3 +95,21 @@ def test_dvc_message_is_never_empty():
     assert dvc.dvc_message(subprocess.CompletedProcess([], 1, "", "")) == "exit status 1 and no output"
     assert dvc.dvc_message(subprocess.CompletedProcess([], 1, "partial output\n", "")) == "partial output"
     assert dvc.dvc_message(subprocess.CompletedProcess([], 1, "Updating lock file\n", "ERROR: a\nERROR: b\n")) == "a; b"
+
+
+def test_dvc_commit_runs_at_the_lowest_cpu_priority(micro_copy, tmp_path, monkeypatch):
+    """It runs beside the training child: at equal priority it took a core from torch's threads (README, Measured)."""
+    fake = tmp_path / "dvc"  # stands in for dvc: writes the niceness it ran at and what it was asked
+    fake.write_text(f"#!/bin/sh\necho \"$(cut -d' ' -f19 /proc/self/stat) $*\" > {tmp_path / 'ran'}\n")
+    fake.chmod(0o755)
+    before = os.nice(0)
+    dvc = import_pipelines("pipelines.dvc")
+    context = SimpleNamespace(log=Log())
+    monkeypatch.chdir(micro_copy)
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    monkeypatch.delenv("RL_ASSETS_DVC_COMMIT", raising=False)
+    monkeypatch.setenv("RL_ASSETS_DVC", str(fake))
+    dvc.record_in_dvc(context, "raw_data")
+    assert context.log.warnings == []
+    assert (tmp_path / "ran").read_text().split() == ["19", "commit", "--force", "raw_data"]
+    assert os.nice(0) == before  # the step process itself keeps its priority
