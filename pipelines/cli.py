@@ -14,6 +14,7 @@ import os
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 
 def use_project_instance() -> None:
@@ -39,12 +40,16 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
     """
     from dagster import AssetKey, DagsterInstance, execute_job, reconstructable
 
+    from pipelines.dvc import record_journal
     from pipelines.outdated import outdated_assets
     from pipelines.steps import ParamsResource, run_tags
     from pipelines.writer import cli_tags, exclusive_writer
 
     say = functools.partial(print, file=sys.stderr)
     with DagsterInstance.get() as instance, exclusive_writer(instance, command, log=say):
+        if recorded := record_journal(SimpleNamespace(warning=lambda text: say(f"warning: {text}"), info=say)):
+            say(f"dvc.lock: recorded {len(recorded)} stages an earlier run wrote and was stopped before recording "
+                f"({', '.join(recorded)})")
         keys = [AssetKey.from_user_string(k) for k in selection] if selection else None
         if command == "run" and not everything:
             from pipelines.definitions import PARAMS, defs

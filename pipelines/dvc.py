@@ -2,9 +2,10 @@
 
 Each stage's command materializes that asset through Dagster, so `dvc repro`, the UI and a schedule
 run the same code. When an asset is materialized outside `dvc repro` (UI, `make run`), the asset
-itself runs `dvc commit` for its stage so that `dvc status` stays clean. DVC lives in its own tool
-environment (its hydra dependency pins an antlr runtime that breaks Dagster's selection parser),
-so it is always called as a command, never imported.
+itself runs `dvc commit` for its stage so that `dvc status` stays clean (the compute step for all of its
+outputs at once, at its end). DVC lives in its own tool environment (its hydra dependency pins an antlr
+runtime that breaks Dagster's selection parser), so it is always called as a command, never imported:
+`dvc` itself, or pipelines/dvc_commit.py under DVC's Python.
 """
 
 from __future__ import annotations
@@ -34,15 +35,16 @@ def dvc_executable() -> str | None:
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
-# `dvc commit` costs ~1.4 s of CPU per stage, and it runs while the compute child trains. At equal priority it takes a
-# core from torch's OpenMP threads, which then wait for each other at every barrier: a training loop beside a busy
-# process ran 3.7x slower on this 2-core machine, and 1.03x beside the same process at nice 19 (see the README).
+# `dvc commit` costs ~1.4 s of CPU per stage. Beside a training process at equal priority it takes a core from torch's
+# OpenMP threads, which then wait for each other at every barrier: a training loop beside a dvc commit loop ran 1.9x
+# slower on this 2-core machine, 1.1x with the commits at nice 19 (see the README).
 LOW_PRIORITY = ["nice", "-n", "19"] if shutil.which("nice") else []
 SYNC = "run `rl-assets dvc-sync` (or `make dvc-sync`) to regenerate it from the graph"
 STAGE_FIELDS = ("cmd", "deps", "params", "outs", "metrics", "plots")
 
 
-def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides: list[str] | tuple[str, ...] = ()) -> None:
+def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides: list[str] | tuple[str, ...] = (),
+                  later: bool = False) -> None:
     """Commit the stage of `key` to dvc.lock after a materialization DVC did not drive, with the params it ran with.
 
     Only when dvc.yaml's stage is the one the asset graph generates now: committing a stale stage
@@ -54,6 +56,10 @@ def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides
     params file, `--set` overrides or ${VAR} values, the stage's params in dvc.lock are then replaced
     by the values the run used (see `effective_dvc_params`), so `dvc status` reports the difference
     from params.yaml instead of calling the outputs up to date.
+
+    With `later`, the stage goes into the journal of stages still to record (`JOURNAL`), and
+    `record_journal` commits all of them at once: the compute step does so at its end. A kill before
+    that leaves the journal, which the next `rl-assets run` records before it starts.
     """
     if os.environ.get("DVC_STAGE") or os.environ.get("RL_ASSETS_DVC_COMMIT", "1") == "0":
         return  # dvc repro is running this stage and records it itself
@@ -76,16 +82,94 @@ def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides
     if dvc is None:
         context.log.warning("dvc not found (make setup installs it in .venv-dvc); dvc.lock not updated")
         return
+    entry = {"stage": stage, "params": [k for k in written[stage].get("params", []) if isinstance(k, str)],
+             "params_file": params_file, "overrides": list(overrides)}
     with _dvc_lock_held():
-        # Not --quiet: DVC's quiet mode drops its error message as well, which left the warning empty.
-        done = subprocess.run([*LOW_PRIORITY, dvc, "commit", "--force", stage], capture_output=True, text=True)
-        if done.returncode:
-            context.log.warning(f"dvc commit {stage} failed: {dvc_message(done)}")
-            return
-        keys = [k for k in written[stage].get("params", []) if isinstance(k, str)]
-        if keys and record_run_params(stage, effective_dvc_params(keys, params_file, overrides)):
-            context.log.info(f"dvc.lock: stage {stage} records the params this run used ({params_file}"
-                             f"{' with --set ' + ' '.join(overrides) if overrides else ''}), which differ from params.yaml")
+        if later:
+            _write_journal([*_read_journal(), entry])
+        else:
+            commit_stages(context.log, [entry], dvc)
+
+
+# Stages whose outputs a step wrote and reported, not yet in dvc.lock (`record_in_dvc(..., later=True)`).
+JOURNAL = Path(".dvc") / "tmp" / "rl-assets-unrecorded.json"
+HELPER = Path(__file__).with_name("dvc_commit.py")
+
+
+def record_journal(log) -> list[str]:
+    """Commit every stage in the journal at once, then clear it; the stages recorded.
+
+    One `dvc commit` costs ~1.4 s of CPU per stage here, and it ran beside the training child, which it slowed; the
+    compute step now records its outputs at its end, all in one commit (pipelines/dvc_commit.py, ~3 s for 22 stages).
+    """
+    if os.environ.get("DVC_STAGE") or os.environ.get("RL_ASSETS_DVC_COMMIT", "1") == "0" or not JOURNAL.is_file():
+        return []
+    dvc = dvc_executable()
+    if dvc is None:
+        return []
+    with _dvc_lock_held():
+        entries = _read_journal()
+        recorded = commit_stages(log, entries, dvc) if entries else []
+        JOURNAL.unlink(missing_ok=True)
+    return recorded
+
+
+def _read_journal() -> list[dict]:
+    try:
+        return json.loads(JOURNAL.read_text()) if JOURNAL.is_file() else []
+    except ValueError:  # a write cut short cannot happen (atomic), but a hand-edited file can
+        return []
+
+
+def _write_journal(entries: list[dict]) -> None:
+    latest = {entry["stage"]: entry for entry in entries}  # one entry per stage: the latest run's params
+    with atomic_path(JOURNAL) as tmp:
+        tmp.write_text(json.dumps(list(latest.values())))
+
+
+def commit_stages(log, entries: list[dict], dvc: str) -> list[str]:
+    """`dvc commit --force` each entry's stage (several in one commit where DVC's Python can run the helper); the stages
+    recorded. A stage whose commit failed is named with DVC's message; one that ran with other params than params.yaml
+    gets them in dvc.lock (`record_run_params`). Call with `_dvc_lock_held`."""
+    stages = [entry["stage"] for entry in entries]
+    python = dvc_python(dvc)
+    if len(stages) > 1 and python is not None:
+        # -I: not the script's folder on sys.path, where pipelines/dvc.py would shadow the dvc package
+        done = subprocess.run([*LOW_PRIORITY, python, "-I", str(HELPER), *stages], capture_output=True, text=True)
+        try:
+            errors = json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+        except (IndexError, ValueError):
+            errors = None
+        if not isinstance(errors, dict):
+            errors = dict.fromkeys(stages, dvc_message(done))
+    else:
+        errors = {}
+        for stage in stages:
+            # Not --quiet: DVC's quiet mode drops its error message as well, which left the warning empty.
+            done = subprocess.run([*LOW_PRIORITY, dvc, "commit", "--force", stage], capture_output=True, text=True)
+            errors[stage] = dvc_message(done) if done.returncode else None
+    recorded = []
+    for entry in entries:
+        stage = entry["stage"]
+        if errors.get(stage):
+            log.warning(f"dvc commit {stage} failed: {errors[stage]}")
+            continue
+        recorded.append(stage)
+        if entry["params"] and record_run_params(stage, effective_dvc_params(entry["params"], entry["params_file"], entry["overrides"])):
+            overrides = entry["overrides"]
+            log.info(f"dvc.lock: stage {stage} records the params this run used ({entry['params_file']}"
+                     f"{' with --set ' + ' '.join(overrides) if overrides else ''}), which differ from params.yaml")
+    return recorded
+
+
+def dvc_python(dvc: str) -> str | None:
+    """The Python interpreter that runs the `dvc` executable (from its #! line), or None when it is not one."""
+    try:
+        first = Path(dvc).read_bytes()[:512].split(b"\n", 1)[0].decode()
+    except (OSError, UnicodeDecodeError):
+        return None
+    words = first[2:].split() if first.startswith("#!") else []
+    return words[0] if words and Path(words[0]).name.startswith("python") and Path(words[0]).is_file() else None
 
 
 @contextlib.contextmanager

@@ -29,7 +29,7 @@ from dagster._core.errors import DagsterExecutionInterruptedError, DagsterInvali
 from dagster_pipes import PipesDefaultMessageWriter
 
 from pipelines.checks import check_result, guarded
-from pipelines.dvc import MISSING, dotted, record_in_dvc
+from pipelines.dvc import MISSING, dotted, record_in_dvc, record_journal
 from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
 from rl_assets.config import ComputeParams, Params, load_params
 from rl_assets.paths import dvc_stage_name, stage_of
@@ -145,23 +145,29 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
                 keys: list[str]) -> Iterator[MaterializeResult | AssetCheckResult]:
     """Write `keys` in child processes, yielding each materialization and its guards' results the moment the child reports them.
 
-    One resident child writes them all (`resident`), else one child per output, each under its own launcher. Each
-    output is recorded in dvc.lock as it arrives. A child stopped by a failed blocking guard, or by an error that
+    One resident child writes them all (`resident`), else one child per output, each under its own launcher. The
+    outputs are recorded in dvc.lock at the end, in one commit (a commit per output beside the training child slowed
+    it: pipelines/dvc.py). A child stopped by a failed blocking guard, or by an error that
     would recur, fails the step without retries; a crash or a transient error fails it for the retry policy.
     """
     tag_run(context, params)
     loaded = params.load()
     batches = [keys] if resident(loaded.compute) else [[key] for key in keys]
-    for batch in batches:
-        command = compute_command(batch, params, loaded.compute)
-        for result in run_child(context, pipes, command, batch):
-            if isinstance(result, AssetCheckResult):
-                yield check_result(result)
-                continue
-            key = result.asset_key.to_user_string()
-            _log_done(context, key, result.metadata or {})
-            record_in_dvc(context, key, params.path, params.overrides)
-            yield result
+    try:
+        for batch in batches:
+            command = compute_command(batch, params, loaded.compute)
+            for result in run_child(context, pipes, command, batch):
+                if isinstance(result, AssetCheckResult):
+                    yield check_result(result)
+                    continue
+                key = result.asset_key.to_user_string()
+                _log_done(context, key, result.metadata or {})
+                record_in_dvc(context, key, params.path, params.overrides, later=True)
+                yield result
+    finally:  # also when the child failed: what it wrote before is recorded
+        started = time.perf_counter()
+        if recorded := record_journal(context.log):
+            context.log.info(f"dvc.lock: recorded {len(recorded)} stages in one commit ({time.perf_counter() - started:.1f} s)")
 
 
 def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, command: list[str], keys: list[str]) -> Iterator:

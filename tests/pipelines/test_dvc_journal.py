@@ -1,0 +1,110 @@
+"""The compute step records its outputs in dvc.lock at its end, several stages in one commit (pipelines/dvc_commit.py).
+
+A commit per output (~1.4 s of CPU each) ran beside the training child and slowed it. What a step wrote waits in
+a journal until then; a run killed before its step ended leaves the journal, and the next `rl-assets run` records it.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import yaml
+
+from conftest import DVC, MICRO_OUTPUTS, NO_DVC_REASON, copy_project, dvc_status, import_pipelines, python
+
+pytestmark = pytest.mark.e2e
+
+LEFT_OUT = ["r01-rewards", "r01-checkpoint", "evaluation"]
+
+
+class Log:
+    def __init__(self):
+        self.lines: list[str] = []
+
+    def warning(self, message: str) -> None:
+        self.lines.append(f"warning: {message}")
+
+    def info(self, message: str) -> None:
+        self.lines.append(message)
+
+
+@pytest.fixture()
+def unrecorded(reproduced_project, tmp_path):
+    """A reproduced micro project whose dvc.lock lost three stages, as if their step was killed before recording them."""
+    if not DVC.exists():
+        pytest.skip(NO_DVC_REASON)
+    project = copy_project(reproduced_project["path"], tmp_path / "project")
+    lock = yaml.safe_load((project / "dvc.lock").read_text())
+    recorded = {stage: lock["stages"].pop(stage) for stage in LEFT_OUT}
+    (project / "dvc.lock").write_text(yaml.safe_dump(lock, sort_keys=False))
+    assert set(dvc_status(project)) >= set(LEFT_OUT)
+    return project, recorded
+
+
+def journal_of(project, stages: list[str]) -> list[dict]:
+    written = yaml.safe_load((project / "dvc.yaml").read_text())["stages"]
+    return [{"stage": stage, "params": [k for k in written[stage].get("params", []) if isinstance(k, str)],
+             "params_file": "params.yaml", "overrides": []} for stage in stages]
+
+
+def test_one_commit_of_several_stages_records_what_dvc_commit_records(unrecorded, monkeypatch):
+    project, recorded = unrecorded
+    dvc = import_pipelines("pipelines.dvc")
+    monkeypatch.chdir(project)
+    assert dvc.dvc_python(str(DVC)) is not None  # the helper runs, not the one-stage-at-a-time fallback
+    log = Log()
+    with dvc._dvc_lock_held():
+        assert dvc.commit_stages(log, journal_of(project, LEFT_OUT), str(DVC)) == LEFT_OUT
+    assert log.lines == []
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    assert {stage: lock[stage] for stage in LEFT_OUT} == recorded
+    assert dvc_status(project) == {}
+
+
+def test_a_stage_whose_output_is_gone_is_named_and_the_others_are_recorded(unrecorded, monkeypatch):
+    project, recorded = unrecorded
+    (project / MICRO_OUTPUTS["evaluation"]).unlink()
+    dvc = import_pipelines("pipelines.dvc")
+    monkeypatch.chdir(project)
+    log = Log()
+    with dvc._dvc_lock_held():
+        assert dvc.commit_stages(log, journal_of(project, LEFT_OUT), str(DVC)) == ["r01-rewards", "r01-checkpoint"]
+    assert len(log.lines) == 1 and log.lines[0].startswith("warning: dvc commit evaluation failed: failed to commit evaluation")
+    assert MICRO_OUTPUTS["evaluation"] in log.lines[0]
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    assert "evaluation" not in lock and lock["r01-checkpoint"] == recorded["r01-checkpoint"]
+
+
+def test_the_next_run_records_what_a_killed_run_left_in_the_journal(unrecorded):
+    project, recorded = unrecorded
+    journal = project / ".dvc" / "tmp" / "rl-assets-unrecorded.json"
+    journal.parent.mkdir(parents=True, exist_ok=True)
+    journal.write_text(json.dumps(journal_of(project, LEFT_OUT)))
+    done = python(["-m", "pipelines", "run"], project, timeout=300)
+    assert f"dvc.lock: recorded 3 stages an earlier run wrote and was stopped before recording ({', '.join(LEFT_OUT)})" in done.stderr
+    assert done.stderr.index("dvc.lock: recorded 3 stages") < done.stderr.index("running ")  # before the run starts
+    assert not journal.exists()
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    assert {stage: lock[stage] for stage in LEFT_OUT} == recorded
+    assert dvc_status(project) == {}
+
+
+def test_dvc_python_is_the_interpreter_of_dvcs_script_or_none(tmp_path):
+    dvc = import_pipelines("pipelines.dvc")
+    shell = tmp_path / "dvc"
+    shell.write_text("#!/bin/sh\nexit 0\n")
+    assert dvc.dvc_python(str(shell)) is None  # not Python: commit_stages falls back to `dvc commit`, one stage at a time
+    assert dvc.dvc_python(str(tmp_path / "missing")) is None
+    if DVC.exists():
+        assert Path(dvc.dvc_python(str(DVC))).name.startswith("python")
+
+
+def test_under_dvc_repro_nothing_is_journaled(micro_copy, monkeypatch):
+    dvc = import_pipelines("pipelines.dvc")
+    monkeypatch.chdir(micro_copy)
+    monkeypatch.setenv("DVC_STAGE", "raw_data")  # dvc repro records the stage itself
+    dvc.record_in_dvc(SimpleNamespace(log=Log()), "raw_data", later=True)
+    assert not (micro_copy / ".dvc" / "tmp" / "rl-assets-unrecorded.json").exists()
