@@ -22,6 +22,7 @@ from pathlib import Path
 import yaml
 from dagster import AssetKey
 
+from rl_assets.config import ParamsError
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, dvc_stage_name, output_path
 from rl_assets.storage import atomic_path
 from rl_assets.tracking import ROUND_PLOTS
@@ -155,7 +156,12 @@ def commit_stages(log, entries: list[dict], dvc: str) -> list[str]:
             log.warning(f"dvc commit {stage} failed: {errors[stage]}")
             continue
         recorded.append(stage)
-        if entry["params"] and record_run_params(stage, effective_dvc_params(entry["params"], entry["params_file"], entry["overrides"])):
+        try:
+            values = effective_dvc_params(entry["params"], entry["params_file"], entry["overrides"]) if entry["params"] else {}
+        except (OSError, ParamsError) as error:  # a killed run's params file, since moved or broken: keep what DVC recorded
+            log.warning(f"dvc.lock: stage {stage} keeps params.yaml's values; the params its run used cannot be read ({error})")
+            continue
+        if values and record_run_params(stage, values):
             overrides = entry["overrides"]
             log.info(f"dvc.lock: stage {stage} records the params this run used ({entry['params_file']}"
                      f"{' with --set ' + ' '.join(overrides) if overrides else ''}), which differ from params.yaml")

@@ -108,3 +108,16 @@ def test_under_dvc_repro_nothing_is_journaled(micro_copy, monkeypatch):
     monkeypatch.setenv("DVC_STAGE", "raw_data")  # dvc repro records the stage itself
     dvc.record_in_dvc(SimpleNamespace(log=Log()), "raw_data", later=True)
     assert not (micro_copy / ".dvc" / "tmp" / "rl-assets-unrecorded.json").exists()
+
+
+def test_a_journal_whose_params_file_is_gone_is_still_recorded(unrecorded, monkeypatch):
+    project, recorded = unrecorded
+    dvc = import_pipelines("pipelines.dvc")
+    monkeypatch.chdir(project)
+    entries = [{**entry, "params_file": "moved-away.yaml"} for entry in journal_of(project, LEFT_OUT)]
+    log = Log()
+    with dvc._dvc_lock_held():
+        assert dvc.commit_stages(log, entries, str(DVC)) == LEFT_OUT
+    assert len(log.lines) == 3 and all("moved-away.yaml" in line and "keeps params.yaml's values" in line for line in log.lines)
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    assert {stage: lock[stage] for stage in LEFT_OUT} == recorded
