@@ -5,7 +5,7 @@
 `dvc commit --force A B C` reads both files and rewrites dvc.lock once per stage: ~1 s of CPU each for this
 project's 22 stages, almost all of it DVC's YAML round trip. This does what that command does for each stage
 (DVC's own `Stage.save` and `Stage.commit`, as in `dvc.repo.commit`) and writes dvc.lock once for all of them:
-22 stages in ~3 s. Prints {stage: null, or the error that stopped its commit} as one JSON line.
+5 stages took 1.3 s in one run (22: ~3 s, estimated from its parts). Prints {stage: null, or the error that stopped its commit} as one JSON line.
 
 It imports dvc, so it runs only in DVC's environment and imports nothing of this project (see pipelines/dvc.py).
 """
