@@ -64,6 +64,7 @@ for n in range(1, params.rounds + 1):
     for stage in ("rollouts", "rewards", "train"):
         run_stage(stage, params, n, root, loaded)
 run_stage("evaluation", params, None, root, loaded)
+run_stage("promote", params, None, root, loaded)
 """
 
 
@@ -78,6 +79,12 @@ def timed(command: list[str], cwd: Path) -> float:
 
 def checkpoint_ids(root: Path) -> list[str]:
     return [json.loads(card.read_text())["checkpoint_id"] for card in sorted(root.glob("data/r*/checkpoint/lineage.json"))]
+
+
+def promoted_id(root: Path) -> str | None:
+    """The checkpoint id of the promoted model, None when none was promoted."""
+    card = root / "models/promoted/model_card.json"
+    return json.loads(card.read_text())["checkpoint_id"] if card.is_file() else None
 
 
 def recorded_stages(root: Path) -> int:
@@ -96,9 +103,11 @@ def measure_pair(params: Path, dvc: bool, plain_first: bool) -> dict:
     try:
         seconds = {side: timed(*sides[side]) for side in (("plain", "pipeline") if plain_first else ("pipeline", "plain"))}
         same = [json.loads((root / "data/evaluation.json").read_text()) for root in (plain_root, pipeline_root)]
+        promoted = [promoted_id(root) for root in (plain_root, pipeline_root)]
         return {"first": "plain" if plain_first else "pipeline", "plain_python_s": round(seconds["plain"], 1),
                 "dagster_pipeline_s": round(seconds["pipeline"], 1), "overhead_ratio": round(seconds["pipeline"] / seconds["plain"], 3),
                 "same_evaluation": same[0] == same[1], "same_checkpoints": checkpoint_ids(plain_root) == checkpoint_ids(pipeline_root),
+                "same_promoted": promoted[0] == promoted[1],
                 **({"dvc_lock_stages": recorded_stages(pipeline_root)} if dvc else {})}
     finally:
         shutil.rmtree(plain_root, ignore_errors=True)
@@ -118,7 +127,8 @@ def main() -> None:
     print(json.dumps({"params": str(args.params), "dvc": args.dvc, "pairs": pairs,
                       "overhead_ratio": round(statistics.median(p["overhead_ratio"] for p in pairs), 2),
                       "same_evaluation": all(p["same_evaluation"] for p in pairs),
-                      "same_checkpoints": all(p["same_checkpoints"] for p in pairs)}, indent=2))
+                      "same_checkpoints": all(p["same_checkpoints"] for p in pairs),
+                      "same_promoted": all(p["same_promoted"] for p in pairs)}, indent=2))
 
 
 if __name__ == "__main__":

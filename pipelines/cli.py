@@ -46,8 +46,9 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
     from pipelines.writer import cli_tags, exclusive_writer
 
     say = functools.partial(print, file=sys.stderr)
+    log = SimpleNamespace(warning=lambda text: say(f"warning: {text}"), info=say)
     with DagsterInstance.get() as instance, exclusive_writer(instance, command, log=say):
-        if recorded := record_journal(SimpleNamespace(warning=lambda text: say(f"warning: {text}"), info=say)):
+        if recorded := record_journal(log):
             say(f"dvc.lock: recorded {len(recorded)} stages an earlier run wrote and was stopped before recording "
                 f"({', '.join(recorded)})")
         keys = [AssetKey.from_user_string(k) for k in selection] if selection else None
@@ -64,10 +65,17 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
             say(f"running {len(reasons)} of {total} assets, from {first.to_user_string()} ({why}); "
                 f"the other {total - len(reasons)} are up to date (`--all` reruns every one)")
             keys = list(reasons)
+        from pipelines.definitions import PARAMS, start_step_server
+
+        start_step_server(PARAMS)
         quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
         with _one_line_per_skip():
-            result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,
-                                 tags={**run_tags(ParamsResource()), **cli_tags()})
+            try:
+                result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,
+                                     tags={**run_tags(ParamsResource()), **cli_tags()})
+            finally:  # what a run stopped before its compute step left in the journal (pipelines.steps.compute_step_follows)
+                if recorded := record_journal(log):
+                    say(f"dvc.lock: recorded {len(recorded)} stages the run wrote before it stopped ({', '.join(recorded)})")
         if result.success:
             say(f"dagster run {result.run_id}: success")
             return True, []

@@ -34,7 +34,23 @@ def executor(params):
         return k8s_job_executor
     # Each step is a process; a forkserver that has already imported the code location starts them ~2 s faster
     # than a fresh interpreter each (measured: 29.5 -> 21.6 s for two assets and their checks).
-    return multiprocess_executor.configured({"start_method": {"forkserver": {"preload_modules": ["pipelines.definitions"]}}})
+    return multiprocess_executor.configured({"start_method": {"forkserver": {"preload_modules": STEP_PRELOAD}}})
+
+
+STEP_PRELOAD = ["pipelines.definitions"]
+
+
+def start_step_server(params) -> None:
+    """Start the forkserver that the multiprocess executor forks steps from, now, so that it imports the code location
+    (~1 s) while Dagster creates the run, not after. The executor finds it running and uses it (the preload list is
+    the one it would give: Dagster puts its multiprocess module first)."""
+    if params.compute.executor == "k8s":
+        return
+    import multiprocessing
+    from multiprocessing import forkserver
+
+    multiprocessing.get_context("forkserver").set_forkserver_preload(["dagster._core.executor.multiprocess", *STEP_PRELOAD])
+    forkserver.ensure_running()
 
 
 defs = Definitions(

@@ -118,3 +118,43 @@ def test_a_journal_whose_params_file_is_gone_is_still_recorded(unrecorded, monke
     assert len(log.lines) == 3 and all("moved-away.yaml" in line and "keeps params.yaml's values" in line for line in log.lines)
     lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
     assert {stage: lock[stage] for stage in LEFT_OUT} == recorded
+
+
+def test_the_follower_commits_stages_as_they_come_and_writes_dvc_lock_once_at_the_end(unrecorded, monkeypatch):
+    """What the compute step does: each stage sent as its output is reported, dvc.lock written at `record_journal`."""
+    project, recorded = unrecorded
+    dvc = import_pipelines("pipelines.dvc")
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    first, *rest = LEFT_OUT
+    dvc._write_journal(journal_of(project, [first]))  # journaled before the follower starts (raw_data and prompts do so)
+    follower = dvc.JournalFollower()
+    for stage in rest:
+        dvc._write_journal(dvc._read_journal() + journal_of(project, [stage]))
+        follower.send(stage)
+    assert follower.sent == LEFT_OUT  # the journal's earlier stage went first
+    lock_before = (project / "dvc.lock").read_text()
+    assert follower.process.poll() is None and (project / "dvc.lock").read_text() == lock_before  # nothing written before END
+    log = Log()
+    assert dvc.record_journal(log, follower) == LEFT_OUT
+    assert log.lines == [] and follower.process.returncode == 0
+    lock = yaml.safe_load((project / "dvc.lock").read_text())["stages"]
+    assert {stage: lock[stage] for stage in LEFT_OUT} == recorded
+    assert dvc_status(project) == {}
+    assert not dvc.JOURNAL.exists()
+
+
+def test_a_follower_stopped_before_the_end_writes_nothing(unrecorded, monkeypatch):
+    """A step killed while its child ran: dvc.lock stays as it was and the journal waits for the next run."""
+    project, _ = unrecorded
+    dvc = import_pipelines("pipelines.dvc")
+    monkeypatch.chdir(project)
+    monkeypatch.delenv("DVC_STAGE", raising=False)
+    lock_before = (project / "dvc.lock").read_text()
+    dvc._write_journal(journal_of(project, LEFT_OUT))
+    follower = dvc.JournalFollower()
+    follower.send(LEFT_OUT[-1])
+    follower.stop()  # stdin closed without END
+    assert follower.process.returncode != 0
+    assert (project / "dvc.lock").read_text() == lock_before
+    assert [entry["stage"] for entry in dvc._read_journal()] == LEFT_OUT

@@ -8,6 +8,7 @@
 """
 
 import json
+import os
 import re
 import sys
 
@@ -225,3 +226,32 @@ def test_a_reward_that_raises_fails_the_run_once_and_says_why(micro_copy):
     assert "not written: r01/checkpoint, evaluation, promoted_model (same step, after the failure)" in tail, tail  # the rest of the compute step
     assert re.search(r"dagster run [0-9a-f-]{36}: make ui", tail.splitlines()[-1]), tail
     assert (done.stdout + done.stderr).count("Not executing") == 0  # one summary line instead of one line per skipped step
+
+
+# --- the step process beside its child ----------------------------------------------------------------
+
+YIELDING_STEP = """
+import json, os, subprocess, sys, threading
+from pipelines.steps import yield_cpu_to_children
+waiting = threading.Event()
+threading.Thread(target=waiting.wait).start()  # a thread started before, like the Pipes reader
+child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+yield_cpu_to_children()
+late = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])  # launched after: inherits it
+threads = [os.getpriority(os.PRIO_PROCESS, int(tid)) for tid in os.listdir("/proc/self/task")]
+print(json.dumps({"threads": threads, "child": os.getpriority(os.PRIO_PROCESS, child.pid), "late": os.getpriority(os.PRIO_PROCESS, late.pid)}))
+child.kill(); late.kill(); waiting.set()
+"""
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
+def test_the_step_process_yields_the_cpu_to_the_child_it_launched(tmp_path):
+    """Every thread of the step process drops to nice 19 after the launch; the child keeps the step's own priority."""
+    base = os.getpriority(os.PRIO_PROCESS, 0)  # the niceness the step process starts with (this test's)
+    if base >= 19:
+        pytest.skip("the tests already run at the lowest priority")
+    done = python(["-c", YIELDING_STEP], REPO, timeout=60)
+    priorities = json.loads(done.stdout.strip().splitlines()[-1])
+    assert len(priorities["threads"]) >= 2 and set(priorities["threads"]) == {19}
+    assert priorities["child"] == base < 19
+    assert priorities["late"] == 19  # why run_child lowers it only after the step's last launch
