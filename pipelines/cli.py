@@ -70,12 +70,10 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
         start_step_server(PARAMS)
         quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
         with _one_line_per_skip():
-            try:
-                result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,
-                                     tags={**run_tags(ParamsResource()), **cli_tags()})
-            finally:  # what a run stopped before its compute step left in the journal (pipelines.steps.compute_step_follows)
-                if recorded := record_journal(log):
-                    say(f"dvc.lock: recorded {len(recorded)} stages the run wrote before it stopped ({', '.join(recorded)})")
+            result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,
+                                 tags={**run_tags(ParamsResource()), **cli_tags()})
+        if recorded := record_journal(log):  # what a run stopped before its compute step left (pipelines.steps.compute_step_follows)
+            say(f"dvc.lock: recorded {len(recorded)} stages the run wrote before it stopped ({', '.join(recorded)})")
         if result.success:
             say(f"dagster run {result.run_id}: success")
             return True, []

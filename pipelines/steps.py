@@ -368,7 +368,10 @@ def compute_step_follows(context: AssetExecutionContext) -> bool:
     their own held the run ~0.3 s each). A run stopped before the compute step leaves them in the journal: the CLI
     records it when its run ends, the next run when it starts.
     """
-    steps = context.run.step_keys_to_execute
+    try:
+        steps = context.run.step_keys_to_execute
+    except DagsterInvalidPropertyError:  # an asset body called directly: no run, nothing follows
+        return False
     return steps is None or "compute" in steps
 
 

@@ -158,3 +158,11 @@ def test_a_follower_stopped_before_the_end_writes_nothing(unrecorded, monkeypatc
     assert follower.process.returncode != 0
     assert (project / "dvc.lock").read_text() == lock_before
     assert [entry["stage"] for entry in dvc._read_journal()] == LEFT_OUT
+
+
+def test_raw_data_and_prompts_wait_in_the_journal_only_when_the_compute_step_follows_in_their_run():
+    steps = import_pipelines("pipelines.steps")
+    run = lambda keys: SimpleNamespace(run=SimpleNamespace(step_keys_to_execute=keys))  # noqa: E731
+    assert steps.compute_step_follows(run(["raw_data", "prompts", "compute"]))
+    assert steps.compute_step_follows(run(None))  # every step of the job
+    assert not steps.compute_step_follows(run(["raw_data", "prompts"]))  # a data-only run records them itself
