@@ -198,8 +198,7 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
                         written.add(getattr(result, "asset_key", None))
                         yield result
                     seen = len(reported)
-                    with contextlib.suppress(subprocess.TimeoutExpired):
-                        process.wait(timeout=0.2)  # returns the moment the child ends
+                    time.sleep(0.2)  # not process.wait(timeout): it polls from 0.5 ms up, ~50 wakeups a second beside the child
             except (DagsterExecutionInterruptedError, GeneratorExit):  # the run was terminated: stop the child too, as Dagster's client does
                 process.send_signal(signal.SIGINT)
                 process.wait(timeout=pipes.termination_timeout_seconds)
