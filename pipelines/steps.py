@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import json
+import multiprocessing
 import os
 import shutil
 import signal
@@ -176,7 +177,8 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
               last: bool = False) -> Iterator:
     """Launch a Pipes child that writes `keys`; yield what it reports while it runs; a failed child then raises `step_failure`'s exception.
 
-    With `last` (no child after this one), this step process then gives the CPU to the child (`yield_cpu_to_children`).
+    With `last` (no child after this one), a step process of the multiprocess executor then gives the CPU to the child
+    (`yield_cpu_to_children`); a step run in the caller's process (`materialize`, the in-process executor) does not.
 
     A child that failed with an error that would recur (a blocking guard included) raises `Failure(allow_retries=False)`
     with the child's own error line: the step fails once, whatever its retry policy. A dead or killed child, or a
@@ -189,7 +191,7 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
     try:
         with open_pipes_session(context=context, context_injector=pipes.context_injector, message_reader=_message_reader(pipes)) as session:
             process = subprocess.Popen(command, cwd=pipes.cwd, env={**os.environ, **env, **session.get_bootstrap_env_vars()})
-            if last:
+            if last and multiprocessing.parent_process() is not None:  # a step process of its own, not a caller's (in-process run, notebook)
                 yield_cpu_to_children()
             try:
                 while process.poll() is None:

@@ -255,3 +255,15 @@ def test_the_step_process_yields_the_cpu_to_the_child_it_launched(tmp_path):
     assert len(priorities["threads"]) >= 2 and set(priorities["threads"]) == {19}
     assert priorities["child"] == base < 19
     assert priorities["late"] == 19  # why run_child lowers it only after the step's last launch
+
+
+def test_a_step_run_in_the_callers_process_leaves_its_priority_alone(tmp_path):
+    """`materialize` runs the step in this process: lowering it would slow whatever the caller does next."""
+    @asset(name="last_child")
+    def step(context: AssetExecutionContext, pipes: PipesSubprocessClient):
+        yield from run_child(context, pipes, [sys.executable, "-c", "pass"], ["last_child"], last=True)
+
+    before = os.getpriority(os.PRIO_PROCESS, 0)
+    with DagsterInstance.ephemeral(tempdir=str(tmp_path)) as instance:
+        materialize([step], instance=instance, resources={"pipes": PipesSubprocessClient(cwd=str(REPO))}, raise_on_error=False)
+    assert os.getpriority(os.PRIO_PROCESS, 0) == before
