@@ -2,8 +2,8 @@
 
 Each stage's command materializes that asset through Dagster, so `dvc repro`, the UI and a schedule
 run the same code. When an asset is materialized outside `dvc repro` (UI, `make run`), the asset
-itself runs `dvc commit` for its stage so that `dvc status` stays clean (the compute step for all of its
-outputs at once, at its end). DVC lives in its own tool environment (its hydra dependency pins an antlr
+itself runs `dvc commit` for its stage so that `dvc status` stays clean (the compute step for each output
+as it is reported, and writes dvc.lock once for all of them at its end: `JournalFollower`). DVC lives in its own tool environment (its hydra dependency pins an antlr
 runtime that breaks Dagster's selection parser), so it is always called as a command, never imported:
 `dvc` itself, or pipelines/dvc_commit.py under DVC's Python.
 """
