@@ -64,8 +64,8 @@ def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides
     that leaves the journal, which the next `rl-assets run` records before it starts. Returns the
     stage journaled, else None.
     """
-    if os.environ.get("DVC_STAGE") or os.environ.get("RL_ASSETS_DVC_COMMIT", "1") == "0":
-        return  # dvc repro is running this stage and records it itself
+    if not recording_enabled():
+        return None  # dvc repro is running this stage and records it itself
     if not _is_dvc_stage(context, key):
         return  # promoted_model: a decision with a history, not a reproducible output
     if not Path("dvc.yaml").is_file():

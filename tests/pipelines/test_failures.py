@@ -244,16 +244,14 @@ child.kill(); late.kill(); waiting.set()
 """
 
 
-@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="per-thread niceness is Linux's")
 def test_the_step_process_yields_the_cpu_to_the_child_it_launched(tmp_path):
-    """Every thread of the step process drops to nice 19 after the launch; the child keeps the step's own priority."""
+    """Every thread of the step process drops to nice 19 after the launch (Linux: /proc/self/task); the child keeps the
+    step's own priority."""
     base = os.getpriority(os.PRIO_PROCESS, 0)  # the niceness the step process starts with (this test's)
-    if base >= 19:
-        pytest.skip("the tests already run at the lowest priority")
     done = python(["-c", YIELDING_STEP], REPO, timeout=60)
     priorities = json.loads(done.stdout.strip().splitlines()[-1])
     assert len(priorities["threads"]) >= 2 and set(priorities["threads"]) == {19}
-    assert priorities["child"] == base < 19
+    assert priorities["child"] == base
     assert priorities["late"] == 19  # why run_child lowers it only after the step's last launch
 
 
