@@ -8,7 +8,10 @@ plain run is the loop a team would write by hand (one process, models kept loade
 pipeline's copy is also a DVC project, so each output is recorded in dvc.lock as `make run` does
 (the plain loop records nothing); without it the copies have no dvc.yaml and nothing is recorded.
 Both sides are measured in the same invocation; with `--repeats` they alternate which goes first,
-and the median ratio is the figure (one pair on a shared 2-core machine varies by ~0.1).
+and the median ratio is the figure (one pair on a shared 2-core machine varies by ~0.1). Each pair also gives
+the seconds each side spent outside its stages (start-up, orchestration, records; the stages' own durations
+come from `.rl_assets/steps.jsonl`), and the summary the pipeline's median extra: the fixed cost, without the
+stages' noise (it leaves out any slowdown of the stages themselves, which the ratio includes).
 """
 
 import argparse
@@ -77,6 +80,14 @@ def timed(command: list[str], cwd: Path) -> float:
     return time.perf_counter() - started
 
 
+def stage_seconds(root: Path) -> float:
+    """Seconds the stages themselves took (`.rl_assets/steps.jsonl`, written by both sides): the same work on each side, so
+    a side's wall time minus this is what it spent outside them (start-up, orchestration, records), a figure far less
+    noisy than the wall times on a shared machine."""
+    rows = [json.loads(line) for line in (root / ".rl_assets" / "steps.jsonl").read_text().splitlines() if line.strip()]
+    return sum(row["seconds"] for row in rows)
+
+
 def checkpoint_ids(root: Path) -> list[str]:
     return [json.loads(card.read_text())["checkpoint_id"] for card in sorted(root.glob("data/r*/checkpoint/lineage.json"))]
 
@@ -106,6 +117,8 @@ def measure_pair(params: Path, dvc: bool, plain_first: bool) -> dict:
         promoted = [promoted_id(root) for root in (plain_root, pipeline_root)]
         return {"first": "plain" if plain_first else "pipeline", "plain_python_s": round(seconds["plain"], 1),
                 "dagster_pipeline_s": round(seconds["pipeline"], 1), "overhead_ratio": round(seconds["pipeline"] / seconds["plain"], 3),
+                "outside_stages_s": {side: round(seconds[side] - stage_seconds(root), 1) for side, root in
+                                     (("plain", plain_root), ("pipeline", pipeline_root))},
                 "same_evaluation": same[0] == same[1], "same_checkpoints": checkpoint_ids(plain_root) == checkpoint_ids(pipeline_root),
                 "same_promoted": promoted[0] == promoted[1],
                 **({"dvc_lock_stages": recorded_stages(pipeline_root)} if dvc else {})}
@@ -126,6 +139,8 @@ def main() -> None:
         print(json.dumps(pairs[-1]), file=sys.stderr, flush=True)
     print(json.dumps({"params": str(args.params), "dvc": args.dvc, "pairs": pairs,
                       "overhead_ratio": round(statistics.median(p["overhead_ratio"] for p in pairs), 2),
+                      "extra_outside_stages_s": round(statistics.median(p["outside_stages_s"]["pipeline"] - p["outside_stages_s"]["plain"]
+                                                                        for p in pairs), 1),
                       "same_evaluation": all(p["same_evaluation"] for p in pairs),
                       "same_checkpoints": all(p["same_checkpoints"] for p in pairs),
                       "same_promoted": all(p["same_promoted"] for p in pairs)}, indent=2))

@@ -66,10 +66,11 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
                 f"the other {total - len(reasons)} are up to date (`--all` reruns every one)")
             keys = list(reasons)
         from pipelines.definitions import PARAMS, start_step_server
+        from pipelines.warm_child import warm_child_for
 
-        start_step_server(PARAMS)
         quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
-        with _one_line_per_skip():
+        with warm_child_for(PARAMS, keys, say), _one_line_per_skip():  # the compute child imports torch while the run starts
+            start_step_server(PARAMS)
             result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,
                                  tags={**run_tags(ParamsResource()), **cli_tags()})
         if recorded := record_journal(log):  # what a run stopped before its compute step left (pipelines.steps.compute_step_follows)

@@ -32,6 +32,7 @@ from dagster_pipes import PipesDefaultMessageWriter
 from pipelines.checks import check_result, guarded
 from pipelines.dvc import MISSING, JournalFollower, dotted, record_in_dvc, record_journal
 from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
+from pipelines.warm_child import CHILD_ENV, take
 from rl_assets.config import ComputeParams, Params, load_params
 from rl_assets.paths import dvc_stage_name, stage_of
 from rl_assets.storage import content_hash
@@ -186,11 +187,18 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
     """
     context.log.info("launching: %s", " ".join(command))
     errors = Path(tempfile.mkdtemp(prefix="rl-assets-errors-"))
-    env = {**pipes.env, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", ERROR_DIR_ENV: str(errors)}
+    env = {**pipes.env, **CHILD_ENV, ERROR_DIR_ENV: str(errors)}
     seen, written = 0, set()
     try:
         with open_pipes_session(context=context, context_injector=pipes.context_injector, message_reader=_message_reader(pipes)) as session:
-            process = subprocess.Popen(command, cwd=pipes.cwd, env={**os.environ, **env, **session.get_bootstrap_env_vars()})
+            env = {**os.environ, **env, **session.get_bootstrap_env_vars()}
+            asked = time.perf_counter()
+            process, why_not = take(command, pipes.cwd, env)  # the child the CLI started ahead (pipelines/warm_child.py)
+            if process is None:
+                context.log.debug(f"a fresh child: {why_not}")
+                process = subprocess.Popen(command, cwd=pipes.cwd, env=env)
+            else:
+                context.log.debug(f"the warm child (pid {process.pid}) runs it (the step waited {time.perf_counter() - asked:.1f} s for it)")
             if last and multiprocessing.parent_process() is not None:  # a step process of its own, not a caller's (in-process run, notebook)
                 yield_cpu_to_children()
             try:

@@ -15,7 +15,7 @@ at differ in every one of those ways, and each difference has broken RL pipeline
 - Qwen2.5 and Llama 3.2 use grouped-query attention (fewer KV heads than heads) and tied embeddings.
 
 Nothing here downloads anything: the tokenizers are trained in about a second with the `tokenizers`
-library on the project's own text (plus the first GSM8K rows when ../shared/datasets/gsm8k is there),
+library on the project's own text and seeded word-like text (plus the first GSM8K rows when ../shared/datasets/gsm8k is there),
 and the models are randomly initialised from a seed at a very small shape, so a whole micro pipeline
 runs on them on a CPU. Plain functions, so unit tests and end-to-end tests can share them.
 """
@@ -120,6 +120,9 @@ def training_corpus(gsm8k_rows: int = 300, seed: int = 0) -> list[str]:
             texts.append(f"{prompt} {rng.randint(-9, 81)}")
     texts += [f"{rng.randint(0, 999)}{rng.choice('+-*/')}{rng.randint(0, 999)}={rng.randint(0, 9999)}" for _ in range(500)]
     texts += ["system\n" + QWEN2_SYSTEM, "user\n", "assistant\n", LLAMA3_SYSTEM, "system", "user", "assistant"] * 20
+    # Word-like text of its own, so that the vocabulary fills up without GSM8K too (a clone without ../shared).
+    syllables = [c + v for c in "bcdfghklmnprstvwz" for v in "aeiou"]
+    texts += [" ".join("".join(rng.choices(syllables, k=rng.randint(1, 4))) for _ in range(12)) for _ in range(600)]
     if GSM8K.is_file():
         with GSM8K.open() as lines:
             for _, line in zip(range(gsm8k_rows), lines):

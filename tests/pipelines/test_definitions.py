@@ -30,6 +30,14 @@ def test_importing_definitions_does_not_import_torch_transformers_or_trl():
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
 
 
+def test_the_run_coordinator_checks_its_steps_every_tenth_of_a_second():
+    """A Dagster upgrade that renames its private poll interval fails here, not silently (pipelines.definitions)."""
+    code = ("import pipelines.definitions as d; from dagster._core.executor import child_process_executor as c; "
+            "print(c.TICK, d.COORDINATOR_TICK_SECONDS)")
+    done = python(["-c", code], REPO, timeout=120)
+    assert done.stdout.split() == ["0.1", "0.1"]
+
+
 def test_graph_unrolls_every_round_of_params_yaml(graph):
     rounds = [f"r{n:02d}" for n in range(1, REPO_ROUNDS + 1)]
     expected = {"raw_data", "prompts", "r00/checkpoint", "evaluation", "promoted_model"} | {f"{r}/{s}" for r in rounds for s in ("rollouts", "rewards", "checkpoint")}

@@ -16,6 +16,7 @@ from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
 from conftest import MICRO_OUTPUTS, PYTHON, copy_project, project_env, python
 from rl_assets.checkpoints import checkpoint_id
+from rl_assets.heartbeat import running_steps
 
 pytestmark = pytest.mark.e2e
 
@@ -37,18 +38,10 @@ def wait_for(condition, process, timeout: float = 600) -> None:
         time.sleep(0.05)
 
 
-def compute_child_running(process) -> bool:
-    """A Pipes compute child in the run's session: its step holds the gpu slot (read from /proc, not the instance,
-    which the run may be creating)."""
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            session = int(stat.read_text().rsplit(")", 1)[1].split()[3])
-            command = (stat.parent / "cmdline").read_bytes()
-        except (OSError, ValueError, IndexError):
-            continue
-        if session == process.pid and b"pipelines.pipes_child" in command:
-            return True
-    return False
+def compute_step_running(project) -> bool:
+    """A compute stage beats in a live process (rl_assets/heartbeat.py, what `rl-assets status` reads): its step holds the
+    gpu slot. Read from the project's files, not the instance, which the run may be creating."""
+    return bool(running_steps(project))
 
 
 def gpu_slot_claimed(project) -> bool:
@@ -64,7 +57,7 @@ def kill(process) -> None:
 def test_a_killed_run_is_continued_by_the_next_and_a_second_writer_is_refused(pipeline_outputs, micro_copy):
     project = micro_copy
     first = start_run(project)
-    wait_for(lambda: compute_child_running(first), first)  # a compute step (r00's SFT) holds the gpu slot
+    wait_for(lambda: compute_step_running(project), first)  # a compute step (r00's SFT) holds the gpu slot
 
     # a second writer while the first runs is refused, naming the running one
     second = python(["-m", "pipelines", "run"], project, timeout=300, check=False)
@@ -77,7 +70,7 @@ def test_a_killed_run_is_continued_by_the_next_and_a_second_writer_is_refused(pi
     # killed again at a random point of the rerun's compute child (the resident child writes the rest of the pipeline in
     # about 15 s here: a later kill could land after the run has finished, and test nothing)
     again = start_run(project)
-    wait_for(lambda: compute_child_running(again), again)
+    wait_for(lambda: compute_step_running(project), again)
     time.sleep(random.Random().uniform(0.0, 4.0))
     assert again.poll() is None, "the rerun finished before the kill"
     kill(again)
@@ -106,3 +99,12 @@ def test_run_all_reruns_every_asset(pipeline_outputs, tmp_path):
         events = instance.get_latest_materialization_events([AssetKey(k.split("/")) for k in MICRO_OUTPUTS])
         materialized = {key for key, event in events.items() if event is not None and event.run_id == latest.run_id}
     assert materialized == {AssetKey(k.split("/")) for k in MICRO_OUTPUTS}
+    handed = [event.user_message for event in instance_logs(project, latest.run_id) if "the warm child" in event.user_message]
+    assert len(handed) == 1 and "runs it" in handed[0], handed  # the compute step ran in the child the CLI started ahead
+    for key in CHECKPOINTS:  # with the same weights
+        assert checkpoint_id(project / MICRO_OUTPUTS[key]) == checkpoint_id(pipeline_outputs / MICRO_OUTPUTS[key]), key
+
+
+def instance_logs(project, run_id: str) -> list:
+    with DagsterInstance.from_config(str(project / ".dagster")) as instance:
+        return instance.all_logs(run_id)

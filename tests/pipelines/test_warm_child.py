@@ -1,0 +1,126 @@
+"""The compute child a CLI run starts ahead of its step (pipelines/warm_child.py).
+
+The handover itself, without Dagster: the command runs in the warm child with the step's stdout/stderr,
+working directory and per-step variables, its exit status (a signal's included) reaches the step, it is
+handed over once, and a step whose environment differs otherwise gets a fresh child. That a micro
+run's compute step uses it, with the checkpoints of an uninterrupted run, is in test_killed_run.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+from dagster import AssetKey
+
+from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
+from pipelines.warm_child import WARM_CHILD_ENV, HandedOver, WarmChild, take, wants_warm_child, warm_child_for
+from conftest import REPO
+
+COMMAND = [sys.executable, "-m", "pipelines.pipes_child", "r01/rollouts", "--params", "missing.yaml"]
+
+
+@pytest.fixture
+def warm(monkeypatch):
+    monkeypatch.chdir(REPO)  # where `python -m pipelines.warm_child` finds the package
+    monkeypatch.delenv(WARM_CHILD_ENV, raising=False)
+    child = WarmChild()
+    child.env = dict(os.environ)  # as it started (pytest's own variable changes between the setup and the test)
+    yield child
+    child.close()
+
+
+def step_env(warm: WarmChild, **extra: str) -> dict[str, str]:
+    """The environment a compute step gives its child: its own (which names the warm child) and the per-step variables."""
+    return {**warm.env, "PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false", "DAGSTER_PIPES_CONTEXT": "e30=", **extra}
+
+
+def test_the_command_runs_in_the_warm_child_as_in_a_fresh_one(warm, tmp_path, capfd):
+    errors = tmp_path / "errors"
+    errors.mkdir()
+    handle, why_not = take(COMMAND, str(tmp_path), step_env(warm, **{ERROR_DIR_ENV: str(errors)}))
+    assert isinstance(handle, HandedOver), why_not
+    assert handle.pid == warm.process.pid
+    assert handle.wait(timeout=120) == DETERMINISTIC_EXIT  # the params file is missing in its working directory
+    assert "error: ParamsError" in capfd.readouterr().err and "missing.yaml" in (errors / "rank0.json").read_text()
+    assert json.loads((errors / "rank0.json").read_text())["kind"] == "deterministic"  # the per-step variable reached it
+
+    again, why_not = take(COMMAND, str(tmp_path), step_env(warm))
+    assert again is None and "did not answer" in why_not  # once only: a retry starts a fresh child
+
+
+def test_a_step_whose_environment_differs_gets_a_fresh_child(warm, tmp_path):
+    handle, why_not = take(COMMAND, str(tmp_path), step_env(warm, OMP_NUM_THREADS="13"))  # read when torch loads
+    assert handle is None and why_not == "the step's environment differs in OMP_NUM_THREADS"
+    assert warm.process.wait(timeout=30) == 0  # it leaves, unused
+
+
+def test_only_a_one_process_pipes_child_is_handed_over(warm, tmp_path):
+    torchrun = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *COMMAND[1:]]
+    assert take(torchrun, str(tmp_path), step_env(warm)) == (None, "not a one-process child")
+    assert warm.process.poll() is None  # still waiting for a command it can run
+
+
+def test_a_killed_warm_child_reports_the_signal_and_close_cleans_up(warm):
+    os.kill(warm.process.pid, signal.SIGKILL)
+    assert HandedOver(warm.process.pid, warm.folder).wait(timeout=30) == -signal.SIGKILL  # read by the step from the CLI's reaper
+    folder = warm.folder
+    warm.close()
+    assert not folder.exists() and WARM_CHILD_ENV not in os.environ
+
+
+def test_an_unused_warm_child_is_stopped_when_the_run_ends(warm):
+    warm.close()
+    assert warm.process.returncode == -signal.SIGKILL and not warm.folder.exists()
+
+
+def test_a_warm_child_whose_cli_died_leaves(tmp_path):
+    cli = subprocess.run([sys.executable, "-c", "import os; from pipelines.warm_child import WarmChild; "
+                                                "print(WarmChild().process.pid, flush=True); os._exit(0)"],
+                         cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
+    pid = int(cli.stdout)
+    deadline = time.monotonic() + 120  # its imports first, then a second at most
+    while _alive(pid):
+        assert time.monotonic() < deadline, f"warm child {pid} outlived its CLI"
+        time.sleep(0.2)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"  # ended, and its new parent has not reaped it yet
+
+
+@pytest.mark.parametrize("compute, keys, wanted", [
+    ({}, None, True),
+    ({}, ["raw_data", "prompts"], False),
+    ({}, ["prompts", "r01/rollouts"], True),
+    ({"executor": "k8s"}, None, False),
+    ({"nproc": 2}, ["r01/rewards"], False),
+    ({"accelerate_config": "fsdp.yaml"}, None, False),
+])
+def test_which_runs_start_a_warm_child(compute, keys, wanted):
+    params = SimpleNamespace(compute=SimpleNamespace(**{"executor": "multiprocess", "nproc": 1, "nnodes": 1, "accelerate_config": None, **compute}))
+    assert wants_warm_child(params, None if keys is None else [AssetKey.from_user_string(k) for k in keys]) is wanted
+
+
+def test_a_run_whose_warm_child_cannot_start_goes_on_without_it(tmp_path, monkeypatch):
+    import tempfile
+
+    deep = tmp_path / ("d" * 120)  # longer than a Unix socket's path may be
+    deep.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(deep))
+    said = []
+    params = SimpleNamespace(compute=SimpleNamespace(executor="multiprocess", nproc=1, nnodes=1, accelerate_config=None))
+    with warm_child_for(params, None, said.append) as warm:
+        assert warm is None and WARM_CHILD_ENV not in os.environ
+    assert len(said) == 1 and said[0].startswith("warning: the compute child starts with its step (")
