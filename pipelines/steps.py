@@ -32,7 +32,7 @@ from dagster_pipes import PipesDefaultMessageWriter
 from pipelines.checks import check_result, guarded
 from pipelines.dvc import MISSING, JournalFollower, dotted, record_in_dvc, record_journal
 from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
-from pipelines.warm_child import CHILD_ENV, take
+from pipelines.warm_child import CHILD_ENV, PIPES_CHILD, take
 from rl_assets.config import ComputeParams, Params, load_params
 from rl_assets.paths import dvc_stage_name, stage_of
 from rl_assets.storage import content_hash
@@ -121,7 +121,7 @@ def compute_command(keys: list[str], params: ParamsResource, compute: ComputePar
     torchrun when a training output uses several processes (with c10d rendezvous across `nnodes` machines), or
     `accelerate launch` with the user's config file (DeepSpeed, FSDP, …) when `compute.accelerate_config` is set.
     """
-    args = ["-m", "pipelines.pipes_child", *keys, "--params", params.path]
+    args = [*PIPES_CHILD, *keys, "--params", params.path]
     for override in params.overrides:
         args += ["--set", override]
     if not any(stage_of(key)[0] in DISTRIBUTED_STAGES for key in keys):

@@ -28,11 +28,13 @@ import threading
 import time
 from pathlib import Path
 
+from pipelines.pipes_child import ERROR_DIR_ENV
+
 WARM_CHILD_ENV = "RL_ASSETS_WARM_CHILD"  # the warm child's folder: its socket and, once it has exited, its exit status
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}  # every compute child's, the warm one's from the start
 PIPES_CHILD = ["-m", "pipelines.pipes_child"]
 # What may differ between the warm child's environment and the step's: set per step, and read at run time, not on import.
-PER_STEP = {WARM_CHILD_ENV, "DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES", "RL_ASSETS_ERROR_DIR"}
+PER_STEP = {WARM_CHILD_ENV, "DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES", ERROR_DIR_ENV}
 ACCEPT_SECONDS = 120.0  # how long a step waits for the warm child to finish its imports and take the command
 
 
