@@ -197,4 +197,6 @@ def _wait_for_command(listener: socket.socket, parent: int):
 
 
 if __name__ == "__main__":
-    sys.exit(serve(socket.socket(fileno=int(sys.argv[1])), parent=int(sys.argv[2])))
+    from pipelines.pipes_child import leave
+
+    leave(serve(socket.socket(fileno=int(sys.argv[1])), parent=int(sys.argv[2])))

@@ -1,0 +1,43 @@
+"""A compute child ends without Python's teardown (pipelines.pipes_child.leave), and loses nothing on the way out."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+from conftest import REPO
+
+# A process that leaves work to shutdown: a non-daemon thread still writing, an atexit handler, a weakref finalizer,
+# and unflushed text on stdout and stderr (both pipes, so block-buffered).
+CHILD = """
+import atexit, sys, threading, time, weakref
+from pathlib import Path
+from pipelines.pipes_child import leave
+
+out = Path(sys.argv[1])
+def late_writer():
+    time.sleep(0.3)
+    (out / "thread").write_text("joined")
+threading.Thread(target=late_writer).start()
+atexit.register(lambda: (out / "atexit").write_text("ran"))
+class Engine: pass
+engine = Engine()
+weakref.finalize(engine, lambda: (out / "finalizer").write_text("ran"))
+sys.stdout.write("buffered out"); sys.stderr.write("buffered err")
+leave(7)
+(out / "after").write_text("leave returned")
+"""
+
+
+def test_leave_keeps_what_shutdown_would_have_done_and_exits_with_the_code(tmp_path):
+    done = subprocess.run([sys.executable, "-c", CHILD, str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 7, done.stderr
+    assert (done.stdout, done.stderr) == ("buffered out", "buffered err")
+    assert {path.name: path.read_text() for path in tmp_path.iterdir()} == {"thread": "joined", "atexit": "ran", "finalizer": "ran"}
+
+
+def test_the_child_modules_leave_through_it():
+    """Both ways a compute child starts end in `leave` (a fresh `python -m pipelines.pipes_child`, or the warm child)."""
+    for module in ("pipes_child", "warm_child"):
+        tail = (REPO / "pipelines" / f"{module}.py").read_text().split('if __name__ == "__main__":', 1)[1]
+        assert "leave(" in tail and "sys.exit(" not in tail, module
