@@ -145,12 +145,10 @@ def leave(code: int) -> None:
 
     A child holding torch, transformers and TRL spent 0.75-1.2 s in Python's shutdown (freeing modules and tensors
     one by one), and its step, then the run, waits for that exit. What shutdown does that matters is done here, in
-    its order: wait for non-daemon threads, run the atexit handlers (weakref finalizers included: trackers, vLLM),
+    its order: let thread pools stop and wait for non-daemon threads, run the atexit handlers (weakref finalizers included: trackers, vLLM),
     flush stdout and stderr. The outputs are already renamed into place and Pipes closed, so nothing is left half-written.
     """
-    for thread in threading.enumerate():
-        if thread is not threading.main_thread() and not thread.daemon:
-            thread.join()
+    threading._shutdown()  # what shutdown runs first: threading's own exit hooks (idle thread pools' workers told to stop), then joins
     atexit._run_exitfuncs()
     for stream in (sys.stdout, sys.stderr):
         try:

@@ -8,9 +8,10 @@ import sys
 from conftest import REPO
 
 # A process that leaves work to shutdown: a non-daemon thread still writing, an atexit handler, a weakref finalizer,
-# and unflushed text on stdout and stderr (both pipes, so block-buffered).
+# a thread pool nobody shut down, and unflushed text on stdout and stderr (both pipes, so block-buffered).
 CHILD = """
 import atexit, sys, threading, time, weakref
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from pipelines.pipes_child import leave
 
@@ -19,6 +20,8 @@ def late_writer():
     time.sleep(0.3)
     (out / "thread").write_text("joined")
 threading.Thread(target=late_writer).start()
+pool = ThreadPoolExecutor(2)
+pool.submit(time.sleep, 0.1)  # never shut down, still referenced: its idle workers must not hold the exit
 atexit.register(lambda: (out / "atexit").write_text("ran"))
 class Engine: pass
 engine = Engine()
