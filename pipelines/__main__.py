@@ -1,5 +1,4 @@
-import sys
-
 from pipelines.cli import main
+from pipelines.pipes_child import leave
 
-sys.exit(main())
+leave(main())  # without Python's teardown: 0.45 s of the CLI's exit, after everything is written and printed

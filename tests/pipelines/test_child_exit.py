@@ -1,7 +1,8 @@
-"""A compute child ends without Python's teardown (pipelines.pipes_child.leave), and loses nothing on the way out."""
+"""A compute child, and the CLI, end without Python's teardown (pipelines.pipes_child.leave), and loses nothing on the way out."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -44,3 +45,13 @@ def test_the_child_modules_leave_through_it():
     for module in ("pipes_child", "warm_child"):
         tail = (REPO / "pipelines" / f"{module}.py").read_text().split('if __name__ == "__main__":', 1)[1]
         assert "leave(" in tail and "sys.exit(" not in tail, module
+
+
+def test_the_cli_exits_with_its_commands_code_and_all_it_printed(tmp_path):
+    """`python -m pipelines` leaves through it too: an argparse error keeps its code 2, a refused command its own."""
+    bad = subprocess.run([sys.executable, "-m", "pipelines", "no-such-command"], cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "invalid choice" in bad.stderr
+    (tmp_path / "params.yaml").write_text("rounds: [\n")  # a params file that does not parse: refused before any run
+    refused = subprocess.run([sys.executable, "-m", "pipelines", "dvc-sync", "--check"], cwd=tmp_path, capture_output=True, text=True,
+                             timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
+    assert refused.returncode == 2 and refused.stderr.startswith("error:") and "params.yaml" in refused.stderr
