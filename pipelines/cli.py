@@ -56,7 +56,8 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
             from pipelines.definitions import PARAMS, defs
 
             graph = defs.resolve_asset_graph()
-            reasons = outdated_assets(instance, graph, models=Path(PARAMS.promotion.directory))
+            reasons = outdated_assets(instance, graph, models=Path(PARAMS.promotion.directory),
+                                      carry_optimizer_state=PARAMS.train.carry_optimizer_state)
             total = sum(1 for key in graph.toposorted_asset_keys if graph.get(key).is_executable and graph.get(key).is_materializable)
             if not reasons:
                 say(f"nothing to do: all {total} assets are up to date (`rl-assets run --all` reruns every one)")

@@ -5,7 +5,9 @@ does nothing, and a run that died continues from the first asset it did not fini
 Dagster's own verdict (code version: the stage's code and params; data version: an upstream
 output changed since), the same change `dvc status` sees through dvc.lock. Two more reasons come
 from outside Dagster's view: an output deleted from disk, and an asset whose blocking guard never
-passed on its latest materialization (the run stopped there, or died before the check ran).
+passed on its latest materialization (the run stopped there, or died before the check ran). And
+one from the run state: a round that must train continues its parent's carried optimizer moments
+(train.carry_optimizer_state); when those are gone, the parent round trains again to recreate them.
 """
 
 from __future__ import annotations
@@ -26,8 +28,35 @@ def _output_on_disk(key: AssetKey, root: Path, promoted: Path) -> bool:
     return (promoted / "promoted").is_dir() if name == "promoted_model" else output_path(name, root).exists()
 
 
-def outdated_assets(instance: DagsterInstance, asset_graph, root: Path = Path("."), models: Path = Path("models")) -> dict[AssetKey, str]:
+def outdated_assets(instance: DagsterInstance, asset_graph, root: Path = Path("."), models: Path = Path("models"),
+                    carry_optimizer_state: bool = False) -> dict[AssetKey, str]:
     """{asset key: why it must run}, in flow order, for every executable asset that is not up to date."""
+    forced: dict[AssetKey, str] = {}
+    while True:
+        reasons = _outdated(instance, asset_graph, root, models, forced)
+        lost = _parents_with_lost_moments(reasons, root) if carry_optimizer_state else {}
+        if not lost:
+            return reasons
+        forced.update(lost)
+
+
+def _parents_with_lost_moments(reasons: dict[AssetKey, str], root: Path) -> dict[AssetKey, str]:
+    """Checkpoints not due to run whose carried moments are gone while the next round's checkpoint must train."""
+    from rl_assets.paths import checkpoint_key
+    from rl_assets.train_state import lost_moments
+
+    lost = {}
+    for key in reasons:
+        parts = key.path
+        if len(parts) == 2 and parts[1] == "checkpoint" and parts[0] != "r00":
+            parent = AssetKey(checkpoint_key(int(parts[0][1:]) - 1).split("/"))
+            if parent not in reasons and lost_moments(int(parts[0][1:]) - 1, root):
+                lost[parent] = (f"its carried optimizer moments are gone from data/run_state and {key.to_user_string()} "
+                                "continues them (train.carry_optimizer_state)")
+    return lost
+
+
+def _outdated(instance: DagsterInstance, asset_graph, root: Path, models: Path, forced: dict[AssetKey, str]) -> dict[AssetKey, str]:
     view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
                           instance=instance, asset_graph=asset_graph)
     resolver = CachingStaleStatusResolver(instance=instance, asset_graph=asset_graph, loading_context=view)
@@ -44,7 +73,9 @@ def outdated_assets(instance: DagsterInstance, asset_graph, root: Path = Path(".
             continue
         upstream = [parent for parent in node.parent_keys if parent in reasons]
         event = instance.get_latest_materialization_event(key)
-        if event is None:
+        if key in forced:
+            reasons[key] = forced[key]
+        elif event is None:
             reasons[key] = "never materialized"
         elif not _output_on_disk(key, root, models):
             reasons[key] = "its output is missing on disk"

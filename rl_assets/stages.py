@@ -138,7 +138,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
 
         ref_model = loaded.reference(base, device) if train.beta > 0 else None
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
-        carried = loaded.moments(checkpoint_id(parent), root, device) if train.carry_optimizer_state else None
+        carried = parent_moments(parent, root, device, loaded) if train.carry_optimizer_state else None
         model, metrics, history, optimizer_state = train_on_rollouts(
             model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
             temperature=params.rollouts.temperature,
@@ -151,20 +151,44 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
 
     metrics["kl"] = reference_kl(model.to(device), loaded.reference(base, device), rollouts, pad_id=tokenizer.pad_token_id,
                                  temperature=params.rollouts.temperature)
+    carries = optimizer_state is not None and train.carry_optimizer_state
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
+               "carries_optimizer_state": carries,  # its moments are in data/run_state: the next round must continue them
                "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
                "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history,
                **stage_lineage("train", params, ["seed", "train"])}
     for table_path in (rollouts_path, rewards_path):  # the code that sampled and scored what this round trained on
         lineage["code"].update(table_lineage(table_path).get("code", {}))
     saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora)
-    if optimizer_state is not None and train.carry_optimizer_state:
-        save_carried_optimizer(optimizer_state, saved_id, round_number, root)  # a later process (or a rerun after a crash) reads it
+    if carries:  # a later process (or a rerun after a crash) reads it; the moments of checkpoints no longer on disk go
+        save_carried_optimizer(optimizer_state, saved_id, round_number, root, keep=current_checkpoint_ids(params.rounds, root))
         loaded.keep_moments(optimizer_state, saved_id)
     if keep:
         loaded.keep_policy(model, tokenizer, saved_id, device, dtype)
     shutil.rmtree(train_state_dir(round_number, root), ignore_errors=True)  # the round is done; its resume points are not needed
     return metrics
+
+
+def parent_moments(parent: Path, root: Path, device: str, loaded: Loaded) -> dict | None:
+    """The AdamW moments `parent` was saved with (None when it carried none: r00, DPO/RFT, carry off);
+    raises MissingRunState when it did and they are gone: training on without them would make another model."""
+    from rl_assets.train_state import MissingRunState, carried_optimizer_path
+
+    card = read_lineage(parent)
+    moments = loaded.moments(card["checkpoint_id"], root, device)
+    if moments is None and card.get("carries_optimizer_state"):
+        raise MissingRunState(
+            f"{parent} was trained with train.carry_optimizer_state and its AdamW moments are gone "
+            f"({carried_optimizer_path(card['checkpoint_id'], root)}): the next round would train without them and make another "
+            f"model. `rl-assets run` trains that round again to recreate them; "
+            f"--set train.carry_optimizer_state=false starts every round from a fresh optimizer instead.")
+    return moments
+
+
+def current_checkpoint_ids(rounds: int, root: Path) -> frozenset[str]:
+    """The ids of the checkpoints r00..rR on disk now (whose carried moments a later round may need)."""
+    paths = (output_path(checkpoint_key(n), root) for n in range(rounds + 1))
+    return frozenset(checkpoint_id(p) for p in paths if (p / "lineage.json").is_file())
 
 
 def with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, device: str, loaded: Loaded) -> dict:

@@ -79,31 +79,61 @@ def commit_state(tmp: Path, final: Path, info: dict, keep_last: int) -> None:
 
 
 # train.carry_optimizer_state: AdamW's moments continue in the next round. They are run state, not
-# part of any checkpoint (2x the weights in fp32: ~56 GB per round for a 7B model), so one file
-# holds the latest round's only, keyed by the checkpoint it was saved with; DVC, the data versions
-# and promotion never see it.
-def carried_optimizer_path(root: Path = Path(".")) -> Path:
-    return root / "data" / "run_state" / "optimizer.pt"
+# part of any checkpoint (2x the weights in fp32: ~56 GB per round for a 7B model), so DVC, the data
+# versions and promotion never see them. Each checkpoint's moments sit in a file named by its id, so
+# what a round continues from is always the moments its parent was trained with: a run killed after
+# round N saved its moments but before round N was reported retrains round N from round N-1's file,
+# not from round N's. Files of checkpoints no longer on disk are removed when new moments are saved.
+class MissingRunState(RuntimeError):
+    """Training needs run state (carried moments) that a parent checkpoint saved and that is gone."""
 
 
-def save_carried_optimizer(state: dict, checkpoint_id: str, round_number: int, root: Path = Path(".")) -> Path:
-    """Replace the carried moments with `state`, saved after training the checkpoint `checkpoint_id`."""
+def carried_optimizer_dir(root: Path = Path(".")) -> Path:
+    return root / "data" / "run_state" / "optimizer"
+
+
+def carried_optimizer_path(checkpoint_id: str, root: Path = Path(".")) -> Path:
+    """Where the moments saved with checkpoint `checkpoint_id` live."""
+    return carried_optimizer_dir(root) / f"{checkpoint_id}.pt"
+
+
+def save_carried_optimizer(state: dict, checkpoint_id: str, round_number: int, root: Path = Path("."),
+                           keep: frozenset[str] = frozenset()) -> Path:
+    """Save `state`, the moments after training checkpoint `checkpoint_id`; remove other checkpoints' moments except `keep`."""
     import torch
 
     from rl_assets.storage import atomic_path
 
-    path = carried_optimizer_path(root)
+    path = carried_optimizer_path(checkpoint_id, root)
     with atomic_path(path) as tmp:
         torch.save({"checkpoint_id": checkpoint_id, "round": round_number, "optimizer": state}, tmp)
+    for other in carried_optimizer_dir(root).glob("*.pt"):
+        if other.stem not in keep | {checkpoint_id}:
+            other.unlink(missing_ok=True)
+    (root / "data" / "run_state" / "optimizer.pt").unlink(missing_ok=True)  # the single file of earlier versions
     return path
 
 
 def load_carried_optimizer(parent_id: str, root: Path = Path("."), device: str = "cpu") -> dict | None:
-    """The moments saved when the parent checkpoint was trained, or None (none saved, or saved by another checkpoint)."""
+    """The moments saved when checkpoint `parent_id` was trained, or None when there are none."""
     import torch
 
-    path = carried_optimizer_path(root)
+    path = carried_optimizer_path(parent_id, root)
     if not path.is_file():
         return None
     saved = torch.load(path, map_location=device)
-    return saved["optimizer"] if saved.get("checkpoint_id") == parent_id else None
+    if saved.get("checkpoint_id") != parent_id:
+        raise MissingRunState(f"{path} holds the moments of checkpoint {saved.get('checkpoint_id')}, not {parent_id}: delete it")
+    return saved["optimizer"]
+
+
+def lost_moments(round_number: int, root: Path) -> bool:
+    """Whether checkpoint rNN says it carries AdamW moments and their file is gone (the next round cannot train without them)."""
+    from rl_assets.checkpoints import read_lineage
+    from rl_assets.paths import checkpoint_key, output_path
+
+    path = output_path(checkpoint_key(round_number), root)
+    if not (path / "lineage.json").is_file():
+        return False
+    card = read_lineage(path)
+    return bool(card.get("carries_optimizer_state")) and not carried_optimizer_path(card["checkpoint_id"], root).is_file()

@@ -53,9 +53,11 @@ def test_every_output_exists_and_reads_back(pipeline):
         assert (project / MICRO_OUTPUTS[key] / LINEAGE_FILE).is_file()
     assert json.loads((project / "data/evaluation.json").read_text())
     assert (project / "data/evaluation.png").stat().st_size > 0
-    # the carried AdamW moments are run state: in no checkpoint folder (nor its data version), the latest round's only
+    # the carried AdamW moments are run state: in no checkpoint folder (nor its data version), one file per checkpoint on disk
     assert not list((project / "data").glob("r*/checkpoint/optimizer.pt"))
-    assert torch.load(project / "data/run_state/optimizer.pt")["checkpoint_id"] == read_lineage(project / MICRO_OUTPUTS["r01/checkpoint"])["checkpoint_id"]
+    r01 = read_lineage(project / MICRO_OUTPUTS["r01/checkpoint"])["checkpoint_id"]
+    assert [p.name for p in (project / "data/run_state/optimizer").iterdir()] == [f"{r01}.pt"]
+    assert torch.load(project / f"data/run_state/optimizer/{r01}.pt")["checkpoint_id"] == r01
     # outputs are renamed into place: no temporary siblings are left behind
     assert not [p for p in (project / "data").rglob(".*") if ".tmp-" in p.name or ".old-" in p.name]
 

@@ -1,0 +1,60 @@
+"""Exact resume: a 2-round micro run stopped at a chosen moment, by SIGKILL of its process group or SIGTERM of its CLI,
+then rerun, ends with the checkpoint ids of an uninterrupted run (issue 25, problem 1).
+
+Each code path once here; `bench/fault_matrix.py` sweeps every output and every reward call with both signals.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from faults import SIGNALS, checkpoint_ids, fault_project, interrupted, resumed, uninterrupted
+from rl_assets.checkpoints import read_lineage
+
+pytestmark = pytest.mark.e2e
+
+
+@pytest.fixture(scope="module")
+def reference(micro_template, tmp_path_factory) -> dict:
+    """The uninterrupted run: its checkpoint ids and how many reward calls it makes."""
+    project = fault_project(micro_template, tmp_path_factory.mktemp("faults") / "reference")
+    ids, calls = uninterrupted(project)
+    return {"ids": ids, "calls": calls}
+
+
+def heldout_of_the_last_round(reference_calls: int) -> int:
+    """The first reward call of r02/checkpoint's held-out evaluation: each checkpoint's evaluation scores twice (greedy, then
+    sampled) and comes last; the evaluation asset and the promotion reuse those scores."""
+    return reference_calls - 1
+
+
+@pytest.mark.parametrize("how", list(SIGNALS))
+def test_stopped_after_a_round_saved_its_moments_and_before_it_was_reported(how, reference, micro_template, tmp_path):
+    """The bug of 076a03d: round 2's checkpoint and its optimizer moments were on disk, unreported; the rerun trained round 2
+    again from round 2's own moments (or, finding them keyed to another checkpoint, from none) and made another model."""
+    project = fault_project(micro_template, tmp_path / "project")
+    code, log = interrupted(project, f"hold:{heldout_of_the_last_round(reference['calls'])}", how)
+    assert code != 0, log[-3000:]
+    assert "materialized r02/rewards" in log and "materialized r02/checkpoint" not in log, log[-3000:]
+    assert (project / "data/r02/checkpoint/lineage.json").is_file(), "the stop came before r02 was saved"
+    done = resumed(project)
+    assert checkpoint_ids(project) == reference["ids"], done.stderr[-3000:]
+    card = read_lineage(project / "data/r02/checkpoint")
+    assert card["metrics"]["carried_optimizer_state"] is True
+
+
+def test_sigkill_right_after_an_output_is_reported(reference, micro_template, tmp_path):
+    project = fault_project(micro_template, tmp_path / "project")
+    interrupted(project, "after:r02/rollouts", "kill-group")
+    resumed(project)
+    assert checkpoint_ids(project) == reference["ids"]
+
+
+def test_a_crash_at_a_random_reward_call(reference, micro_template, tmp_path):
+    project = fault_project(micro_template, tmp_path / "project")
+    call = random.Random().randint(1, reference["calls"])
+    interrupted(project, f"reward:{call}", random.Random().choice(list(SIGNALS)))
+    resumed(project)
+    assert checkpoint_ids(project) == reference["ids"], f"stopped at reward call {call} of {reference['calls']}"
