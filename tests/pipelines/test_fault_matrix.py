@@ -7,9 +7,11 @@ Each code path once here; `bench/fault_matrix.py` sweeps every output and every 
 from __future__ import annotations
 
 import random
+import shutil
 
 import pytest
 
+from conftest import python
 from faults import SIGNALS, checkpoint_ids, fault_project, interrupted, resumed, uninterrupted
 from rl_assets.checkpoints import read_lineage
 
@@ -58,3 +60,20 @@ def test_a_crash_at_a_random_reward_call(reference, micro_template, tmp_path):
     interrupted(project, f"reward:{call}", random.Random().choice(list(SIGNALS)))
     resumed(project)
     assert checkpoint_ids(project) == reference["ids"], f"stopped at reward call {call} of {reference['calls']}"
+
+
+def test_lost_moments_make_their_round_train_again_instead_of_training_on_without_them(reference, micro_template, tmp_path):
+    project = fault_project(micro_template, tmp_path / "project")
+    uninterrupted(project)
+    r01 = read_lineage(project / "data/r01/checkpoint")["checkpoint_id"]
+    (project / f"data/run_state/optimizer/{r01}.pt").unlink()
+    shutil.rmtree(project / "data/r02/checkpoint")
+    done = resumed(project)
+    assert "r01/checkpoint (its carried optimizer moments are gone from data/run_state" in done.stderr, done.stderr[-3000:]
+    assert checkpoint_ids(project) == reference["ids"]
+
+    # asked for r02 alone (DVC's stage, a UI click), the step refuses rather than train on without r01's moments
+    (project / f"data/run_state/optimizer/{r01}.pt").unlink()
+    refused = python(["-m", "pipelines", "materialize", "r02/checkpoint"], project, timeout=600, check=False, RL_ASSETS_SET="rounds=2")
+    assert refused.returncode != 0
+    assert "its AdamW moments are gone" in refused.stderr and f"optimizer/{r01}.pt" in refused.stderr, refused.stderr[-3000:]
