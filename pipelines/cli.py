@@ -65,6 +65,9 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
             first, why = next(iter(reasons.items()))
             say(f"running {len(reasons)} of {total} assets, from {first.to_user_string()} ({why}); "
                 f"the other {total - len(reasons)} are up to date (`--all` reruns every one)")
+            for key, why in list(reasons.items())[1:]:  # every reason of its own; "X runs first" follows from those
+                if not why.endswith("runs first"):
+                    say(f"  also {key.to_user_string()}: {why}")
             keys = list(reasons)
         from pipelines.definitions import PARAMS, start_step_server
         from pipelines.warm_child import warm_child_for
@@ -231,7 +234,14 @@ def print_status() -> int:
     healthy = run is None or run["status"] not in ("FAILURE", "CANCELED")
     params, note = run_params(run)
     status = {"healthy": healthy, "latest_run": run, "experiment": params.experiment, **project_status(Path("."), params)}
-    status["healthy"] = healthy = healthy and not any(step["stale"] for step in status["running_steps"])  # a hung step
+    from dagster import DagsterInstance
+
+    from pipelines.outdated import changed_outputs
+
+    with DagsterInstance.get() as instance:  # outputs truncated, overwritten or deleted since they were recorded
+        status["changed_outputs"] = changed_outputs(instance, params.rounds, Path("."), Path(params.promotion.directory))
+    status["healthy"] = healthy = (healthy and not any(step["stale"] for step in status["running_steps"])  # a hung step
+                                   and not status["changed_outputs"])
     if note:
         status["params_note"] = note
     print(json.dumps(status, indent=2, default=str))

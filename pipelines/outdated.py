@@ -4,7 +4,8 @@
 does nothing, and a run that died continues from the first asset it did not finish. "Stale" is
 Dagster's own verdict (code version: the stage's code and params; data version: an upstream
 output changed since), the same change `dvc status` sees through dvc.lock. Two more reasons come
-from outside Dagster's view: an output deleted from disk, and an asset whose blocking guard never
+from outside Dagster's view: an output deleted or changed on disk since it was recorded (a truncated
+checkpoint, a table overwritten; rl_assets.verify), and an asset whose blocking guard never
 passed on its latest materialization (the run stopped there, or died before the check ran). And
 one from the run state: a round that must train continues its parent's carried optimizer moments
 (train.carry_optimizer_state); when those are gone, the parent round trains again to recreate them.
@@ -23,9 +24,30 @@ from dagster._time import get_current_datetime
 from rl_assets.paths import output_path
 
 
-def _output_on_disk(key: AssetKey, root: Path, promoted: Path) -> bool:
+def changed_outputs(instance: DagsterInstance, rounds: int, root: Path = Path("."), models: Path = Path("models")) -> dict[str, str]:
+    """{output: why} for every materialized output of the flow that is no longer what its latest materialization recorded
+    (what `rl-assets status` reports; `run` makes them again)."""
+    from rl_assets.paths import checkpoint_key, round_prefix
+
+    names = ["raw_data", "prompts", checkpoint_key(0), *(f"{round_prefix(n)}/{stage}" for n in range(1, rounds + 1)
+                                                         for stage in ("rollouts", "rewards", "checkpoint")), "evaluation"]
+    events = instance.get_latest_materialization_events([AssetKey(name.split("/")) for name in names])
+    return {key.to_user_string(): why for key, event in events.items()
+            if event is not None and (why := _changed_on_disk(key, event, root, models))}
+
+
+def _changed_on_disk(key: AssetKey, event, root: Path, promoted: Path) -> str | None:
+    """Why the output on disk is not the one the latest materialization recorded (None when it is)."""
+    from rl_assets.verify import changed
+
     name = key.to_user_string()
-    return (promoted / "promoted").is_dir() if name == "promoted_model" else output_path(name, root).exists()
+    if name == "promoted_model":  # a decision with a history (models/), not a reproducible output
+        return None if (promoted / "promoted").is_dir() else "its output is missing on disk"
+    recorded = event.asset_materialization.tags.get("dagster/data_version") if event.asset_materialization else None
+    path = output_path(name, root)
+    if recorded is None:
+        return None if path.exists() else "its output is missing on disk"
+    return changed(path, recorded, root)
 
 
 def outdated_assets(instance: DagsterInstance, asset_graph, root: Path = Path("."), models: Path = Path("models"),
@@ -77,8 +99,8 @@ def _outdated(instance: DagsterInstance, asset_graph, root: Path, models: Path, 
             reasons[key] = forced[key]
         elif event is None:
             reasons[key] = "never materialized"
-        elif not _output_on_disk(key, root, models):
-            reasons[key] = "its output is missing on disk"
+        elif why := _changed_on_disk(key, event, root, models):
+            reasons[key] = why
         elif upstream:
             reasons[key] = f"{upstream[0].to_user_string()} runs first"
         elif resolver.get_status(key) == StaleStatus.STALE:

@@ -69,10 +69,13 @@ def main(argv: list[str] | None = None) -> int:
 
     try:
         if args.command == "lineage":
-            from rl_assets.lineage import format_trace, trace_checkpoint
+            from rl_assets.lineage import format_trace, problems, trace_checkpoint
 
             steps = trace_checkpoint(args.checkpoint, Path("."))
             print(json.dumps(steps, indent=2, default=str) if args.json else format_trace(steps))
+            if found := problems(steps):  # a trace through missing or changed files is not a lineage to rely on
+                print(f"rl-assets lineage: {len(found)} problem(s):\n  " + "\n  ".join(found), file=sys.stderr)
+                return 1
         elif args.command == "report":
             from rl_assets.reports import summary_text
 

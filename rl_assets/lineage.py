@@ -24,6 +24,26 @@ def _hash_status(path: Path, recorded: str | None) -> str:
     return "ok" if recorded is None or content_hash(path) == recorded else "changed since recorded"
 
 
+def _checkpoint_status(path: Path, card: dict, child: dict | None, root: Path) -> str:
+    """ok, or why the folder is not the checkpoint its card names, or not the parent the child checkpoint was trained from."""
+    from rl_assets.verify import changed
+
+    if child is not None and card["checkpoint_id"] != child["parent"]:
+        return f"not the parent of {child['path']}: that was trained from {child['parent'][:12]}, this is {card['checkpoint_id'][:12]}"
+    return "changed since recorded" if changed(path, card["checkpoint_id"], root) else "ok"
+
+
+def problems(steps: list[dict]) -> list[str]:
+    """Every file of the trace that is missing, changed, unreadable or not what its child names: `lineage` exits 1 on any."""
+    found = []
+    for step in steps:
+        for part in (step, *(step[t] for t in ("rollouts", "rewards") if t in step)):
+            status = part.get("status", "ok")
+            if status != "ok" or part.get("error"):
+                found.append(f"{part['path']}: {status if status != 'ok' else part['error']}")
+    return found
+
+
 def _query(connection, sql: str, path: Path, step: dict):
     """One row about a table, or None (with the step's status saying why) when it is missing or unreadable."""
     if not path.is_file():
@@ -43,7 +63,8 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dic
         card = read_lineage(path)
         step = {"kind": "checkpoint", "path": str(path), "checkpoint_id": card["checkpoint_id"], "round": card["round"],
                 "algorithm": card["algorithm"], "parent": card["parent"], "params_hash": card["params_hash"],
-                "code_version": card["code_version"]}
+                "code_version": card["code_version"],
+                "status": _checkpoint_status(path, card, steps[-1] if steps else None, root)}
         steps.append(step)
         round_number = card["round"]
         if round_number == 0:
@@ -87,7 +108,7 @@ def format_trace(steps: list[dict]) -> str:
     for step in steps:
         if step["kind"] == "checkpoint":
             lines.append(f"{step['path']}  id={step['checkpoint_id'][:12]}  {step['algorithm']}  parent={step['parent'][:40]}  "
-                         f"params={step['params_hash']}  code={step['code_version']}")
+                         f"params={step['params_hash']}  code={step['code_version']}  [{step['status']}]")
             for table in ("rollouts", "rewards"):
                 if table in step:
                     info = step[table]
@@ -121,14 +142,31 @@ def connect_tables(root: Path = Path("."), models: str = "models") -> duckdb.Duc
         relation = source.format(data=(root / "data").as_posix(), models=(root / models).as_posix())
         try:
             connection.execute(f"create view {name} as select * from {relation}")
-        except duckdb.Error:
-            continue  # no such files yet (e.g. before the first round); read_parquet still works for anything else
+        except duckdb.Error:  # no such files yet (e.g. before the first round), or one that cannot be read
+            if broken := _unreadable(connection, relation):  # a query of it fails naming the file, not "does not exist"
+                message = f"table {name}: {broken}".replace("'", "''")
+                connection.execute(f"create view {name} as select 1 as unreadable from range(1) where error('{message}') is null")
     for name, query in EPISODE_VIEWS.items():
         try:
             connection.execute(f"create view {name} as {query}")
         except duckdb.Error:
             continue  # no rollouts yet, or only tables written before episodes (no such columns)
     return connection
+
+
+def _unreadable(connection, relation: str) -> str | None:
+    """The first file of a view's relation that DuckDB cannot read, and why (None when no file matches it)."""
+    import glob
+    import re
+
+    pattern = re.search(r"read_\w+\('([^']+)'", relation).group(1)
+    reader = "read_parquet" if relation.startswith("read_parquet") else "read_json_auto"
+    for path in sorted(glob.glob(pattern)):
+        try:
+            connection.execute(f"select * from {reader}(?) limit 0", [path])
+        except duckdb.Error as error:
+            return f"{path} is unreadable ({str(error).splitlines()[0][:200]}); `rl-assets run` makes it again"
+    return None
 
 
 # Episodes (rollouts with tools or an environment), one row each, and per round: how often the policy called a tool,

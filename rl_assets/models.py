@@ -83,6 +83,9 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
 
     `dtype` is explicit: transformers 5 would keep a bf16 checkpoint in bf16 (see precision.py).
     """
+    from rl_assets.verify import checkpoint_intact
+
+    checkpoint_intact(path)  # weights that are not those its card names (truncated, overwritten) stop here, naming the file
     adapters = (Path(path) / "adapter_config.json").is_file()  # LoRA adapters (lora.merge off): on their checked base
     model = AutoModelForCausalLM.from_pretrained(adapter_base(path) if adapters else path, dtype=dtype)
     if adapters:
@@ -132,6 +135,10 @@ def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | P
     if not lora.enabled:
         return load_policy(path, device, dtype)
     from peft import LoraConfig, PeftModel, get_peft_model
+
+    from rl_assets.verify import checkpoint_intact
+
+    checkpoint_intact(path)
 
     tokenizer = AutoTokenizer.from_pretrained(path)
     load = {}

@@ -168,7 +168,11 @@ def read_table(path: str | Path, name: str) -> pa.Table:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: table {name!r} not found; materialize the asset that writes it first")
-    table = pq.read_table(path)
+    try:
+        table = pq.read_table(path)
+    except (pa.ArrowException, OSError) as error:  # random bytes, a cut-off file: name it, whatever pyarrow says
+        raise ValueError(f"{path}: not a readable Parquet file, it is corrupt or cut off ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0][:200]}); `rl-assets run` makes it again") from error
     meta = table.schema.metadata or {}
     found = meta.get(b"rl_assets.schema", b"?").decode()
     version = meta.get(b"rl_assets.schema_version", b"?").decode()
