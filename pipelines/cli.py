@@ -82,6 +82,10 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
         if result.success:
             say(f"dagster run {result.run_id}: success")
             return True, []
+        run = instance.get_run_by_id(result.run_id)
+        if run.tags.get("dagster/failure_reason") == "UNEXPECTED_TERMINATION":  # Dagster's word for an interrupt: SIGTERM, SIGINT
+            instance.report_run_canceled(run, message="stopped by a signal to `rl-assets` (SIGTERM or SIGINT); the step being "
+                                                      "written was dropped, and the next `rl-assets run` continues from it")
         return False, failure_report(instance, result.run_id)
 
 
@@ -153,6 +157,14 @@ def _log_path(instance, run_id: str, step_key: str, captures) -> str | None:
         return str(path)
 
 
+def flow_sorted(keys: list[str]) -> list[str]:
+    """Asset keys in the order the flow writes them (raw_data, prompts, r00 ... evaluation, promoted_model)."""
+    from rl_assets.paths import flow_order
+
+    head = [key for key in ("raw_data", "prompts") if key in keys]
+    return head + flow_order([key for key in keys if key not in head])
+
+
 def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -> list[str]:
     """The lines that end a failed run: each failed step with its error, one line for what was skipped, where the logs are."""
     from dagster import DagsterEventType
@@ -178,13 +190,19 @@ def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -
     started = {e.dagster_event.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)}
     planned = run.step_keys_to_execute or [step.key for step in instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id).steps]
     skipped = [names.get(step, step) for step in planned if step not in started]
-    assets = [name for name in skipped if not name.startswith("checks of ")]
+    selected = {key.to_user_string() for key in run.asset_selection} if run.asset_selection else None
+    assets = [asset for name in skipped if not name.startswith("checks of ") for asset in name.split(", ")  # a step can write several
+              if selected is None or asset in selected]
     if skipped:
         shown = ", ".join(assets[:6]) + (f", ... ({len(assets) - 6} more)" if len(assets) > 6 else "")
         checks = len(skipped) - len(assets)
         lines.append(f"skipped: {len(assets)} assets after the failure ({shown or 'none'})" + (f" and {checks} check steps" if checks else ""))
     if not lines:
-        lines.append("failed before any step ran (see the output above)")
+        written = sorted({e.dagster_event.asset_key.to_user_string()
+                          for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)})
+        how = "stopped" if run.status.value == "CANCELED" else "failed"
+        lines.append(f"{how} after writing {len(written)} outputs ({', '.join(flow_sorted(written)) or 'none'}); "
+                     "`rl-assets run` continues from the first one not written" if started else f"{how} before any step ran (see the output above)")
     return [*lines, *logs, f"dagster run {run_id}: make ui, then http://127.0.0.1:3000/runs/{run_id}"]
 
 
@@ -318,7 +336,8 @@ def main(argv=None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 3
     if not ok:  # last in the output: what failed, its own error, where the full log is
-        print(f"\n{args.command} FAILED after {time.perf_counter() - started:.0f} s", file=sys.stderr)
+        stopped = any(line.startswith("stopped ") for line in report)
+        print(f"\n{args.command} {'STOPPED' if stopped else 'FAILED'} after {time.perf_counter() - started:.0f} s", file=sys.stderr)
         print("\n".join(report), file=sys.stderr)
         return 1
     if args.command == "run" and set(params.tracking.backends) - {"tensorboard"}:  # one tracker run per pipeline run

@@ -79,8 +79,25 @@ def exclusive_writer(instance: DagsterInstance, command: str, log=print):
             elif run.tags.get("rl_assets/writes") == "data":
                 raise AnotherWriter(f"another run is writing this project's data: {_describe(run)}; wait for it to finish or "
                                     "cancel it in the UI (make ui), then run again")
+        free_slots_of_finished_runs(instance, log)
         handle.seek(0)
         handle.truncate()
         handle.write(json.dumps({"command": command, "pid": os.getpid()}))
         handle.flush()  # so a refused second writer can name this process and find its run by the pid tag
         yield
+
+
+def free_slots_of_finished_runs(instance: DagsterInstance, log=print) -> list[str]:
+    """Free the pool slots (claimed or pending) of runs that have ended: a run stopped while its steps were being launched
+    can end FAILED or CANCELED with a slot still claimed, and every later run would wait on it without a word."""
+    freed = []
+    storage = instance.event_log_storage
+    for pool in sorted(storage.get_concurrency_keys()):
+        info = storage.get_concurrency_info(pool)
+        for run_id in sorted({slot.run_id for slot in info.claimed_slots} | {step.run_id for step in info.pending_steps}):
+            run = instance.get_run_by_id(run_id)
+            if run is None or run.is_finished:
+                storage.free_concurrency_slots_for_run(run_id)
+                freed.append(run_id)
+                log(f"run {run_id} ({run.status.value if run else 'deleted'}) still held a slot of the {pool} pool: freed it")
+    return freed

@@ -10,6 +10,7 @@ import random
 import shutil
 
 import pytest
+from dagster import DagsterInstance, DagsterRunStatus
 
 from conftest import python
 from faults import SIGNALS, checkpoint_ids, fault_project, interrupted, resumed, uninterrupted
@@ -41,6 +42,10 @@ def test_stopped_after_a_round_saved_its_moments_and_before_it_was_reported(how,
     assert code != 0, log[-3000:]
     assert "materialized r02/rewards" in log and "materialized r02/checkpoint" not in log, log[-3000:]
     assert (project / "data/r02/checkpoint/lineage.json").is_file(), "the stop came before r02 was saved"
+    if how == "term-cli":  # a graceful stop: the run is canceled, not failed, and the summary says what was written
+        assert "run STOPPED after" in log and "stopped after writing 8 outputs (raw_data, prompts, r00/checkpoint" in log, log[-3000:]
+        with DagsterInstance.from_config(str(project / ".dagster")) as instance:
+            assert instance.get_runs(limit=1)[0].status == DagsterRunStatus.CANCELED
     done = resumed(project)
     assert checkpoint_ids(project) == reference["ids"], done.stderr[-3000:]
     card = read_lineage(project / "data/r02/checkpoint")
