@@ -111,7 +111,8 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[
     path = write_table(table, output_path("prompts"), PROMPTS, "prompts")
     splits = Counter(table["split"].to_pylist())
     yield from materialized(context, params, path, {"rows": table.num_rows, **{f"split_{s}": splits[s] for s in ("sft", "rl", "eval")},
-                                        "dropped_duplicates": dropped["duplicates"], "dropped_too_long": dropped["too_long"]})
+                                        "dropped_duplicates": dropped["duplicates"], "dropped_too_long": dropped["too_long"],
+                                        "dropped_conflicting_answers": dropped["conflicting"]})
 
 
 def base_checkpoint_spec() -> AssetSpec:

@@ -135,6 +135,10 @@ class PromptsParams(Section):
     template: str = Field("{prompt}", description="How a problem is shown to the model; must contain {prompt}.")
     chat_template: bool | str = Field(False, description="true: wrap the templated text as a user turn with the tokenizer's chat template; "
                                                          "a string: that Jinja chat template instead; false: plain text.")
+    conflicting_answers: Literal["error", "drop", "first"] = Field(
+        "error", description="A problem that appears with different answers (e.g. '3+4=' as 6, 7 and 8): error stops the prompts step "
+                             "naming the rows; drop leaves every row of it out; first keeps the first answer. Each answer would otherwise "
+                             "become a prompt of its own, split apart, so the same problem could be trained on and held out.")
 
     @model_validator(mode="after")
     def _check_template(self):
@@ -305,6 +309,11 @@ class RFTParams(Section):
     batch_size: int = Field(32, ge=1, description="Examples per optimizer step (per process).")
 
 
+# Algorithms whose learning signal is a comparison within a prompt's group of completions, and what it is.
+GROUP_ALGORITHMS = {"grpo": "every advantage is a reward minus its group's mean", "rloo": "the baseline is the other samples' mean",
+                    "reinforce_pp": "the group mean is subtracted before whitening", "dpo": "pairs are a prompt's best and worst completions"}
+
+
 class TrainParams(Section):
     algorithm: Literal["grpo", "rloo", "reinforce_pp", "dpo", "rft"] = Field(
         "grpo", description="grpo/rloo/reinforce_pp: policy gradient on the stored table; dpo: TRL DPOTrainer on best-vs-worst "
@@ -338,7 +347,8 @@ class TrainParams(Section):
     keep_last: int = Field(2, ge=1, description="Intermediate training states kept per round; older ones are deleted.")
     resume: bool = Field(True, description="Resume from a saved state of the same round; false discards it and starts over.")
     carry_optimizer_state: bool = Field(False, description="Keep AdamW's moments from round to round, as one long TRL run does (the "
-                                                           "latest round's only, in data/run_state/, never in a checkpoint); off starts each round fresh.")
+                                                           "moments of each checkpoint on disk in data/run_state/optimizer/<checkpoint id>.pt, "
+                                                           "never in a checkpoint: 2x the weights per round); off starts each round fresh.")
     lora: LoraParams = Field(default_factory=LoraParams)
     dpo: DPOParams = Field(default_factory=DPOParams)
     rft: RFTParams = Field(default_factory=RFTParams)
@@ -419,6 +429,15 @@ class Params(Section):
         names = [f.score_name for f in self.rewards.functions]
         if self.evaluation.correctness is not None and self.evaluation.correctness not in names:
             raise ValueError(f"evaluation.correctness: {self.evaluation.correctness!r} is not one of the reward functions {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_groups(self):
+        if self.rollouts.samples_per_prompt < 2 and self.train.algorithm in GROUP_ALGORITHMS:
+            raise ValueError(f"rollouts.samples_per_prompt: {self.rollouts.samples_per_prompt} gives each prompt a group of one, and "
+                             f"train.algorithm {self.train.algorithm!r} learns by comparing a prompt's completions with each other "
+                             f"({GROUP_ALGORITHMS[self.train.algorithm]}): nothing would be learned. Set samples_per_prompt to 2 or more "
+                             "(4-16 is usual), or use algorithm 'rft', which keeps single completions by their reward")
         return self
 
     @model_validator(mode="after")

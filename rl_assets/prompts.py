@@ -68,11 +68,37 @@ def encode_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
     return [ids[1:] if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos else ids for ids in encoded]
 
 
+def _answer_policy(records: list[dict], policy: str) -> dict[str, str | None]:
+    """{problem: the answer kept (None: none)} for every problem that appears with more than one answer.
+
+    >>> rows = [{"prompt": "3+4=", "answer": a, "source": "f.jsonl", "source_row": i} for i, a in enumerate(["7", "6", "7"])]
+    >>> _answer_policy(rows, "first"), _answer_policy(rows, "drop")
+    ({'3+4=': '7'}, {'3+4=': None})
+    """
+    answers: dict[str, dict[str, list[str]]] = {}
+    for record in records:
+        where = f"{record.get('source')}:{record.get('source_row')}"
+        answers.setdefault(record["prompt"], {}).setdefault(record["answer"], []).append(where)
+    conflicting = {problem: found for problem, found in answers.items() if len(found) > 1}
+    if conflicting and policy == "error":
+        shown = [f"{problem!r}: " + ", ".join(f"{answer!r} ({', '.join(rows[:3])}{', ...' if len(rows) > 3 else ''})"
+                                             for answer, rows in found.items())
+                 for problem, found in list(conflicting.items())[:5]]
+        raise ValueError(f"{len(conflicting)} problems appear with different answers (source:row):\n  " + "\n  ".join(shown)
+                         + "\nFix the data, or set prompts.conflicting_answers to drop (leave them out) or first (keep the first answer)")
+    return {problem: next(iter(found)) if policy == "first" else None for problem, found in conflicting.items()}
+
+
 def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.Table, dict]:
-    """The `PROMPTS` table and counts of what was dropped (duplicates, over-long prompts)."""
+    """The `PROMPTS` table and counts of what was dropped (duplicates, conflicting answers, over-long prompts)."""
     seen, rows = set(), []
-    dropped = {"duplicates": 0, "too_long": 0}
-    for record in raw.to_pylist():
+    dropped = {"duplicates": 0, "too_long": 0, "conflicting": 0}
+    records = raw.to_pylist()
+    keep = _answer_policy(records, params.conflicting_answers)
+    for record in records:
+        if record["prompt"] in keep and keep[record["prompt"]] != record["answer"]:
+            dropped["conflicting"] += 1
+            continue
         pid = prompt_id(record["prompt"], record["answer"])
         if pid in seen:
             dropped["duplicates"] += 1

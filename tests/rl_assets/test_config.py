@@ -344,3 +344,13 @@ def test_section_hash_is_stable_and_follows_only_the_named_sections():
     assert other_train.section_hash("train") != base.section_hash("train")
     assert other_train.section_hash("rollouts", "rewards") == base.section_hash("rollouts", "rewards")
     assert base.section_hash("train", "rollouts") != base.section_hash("train")
+
+
+@pytest.mark.parametrize("algorithm", ["grpo", "rloo", "reinforce_pp", "dpo"])
+def test_group_algorithms_with_one_sample_per_prompt_are_refused_before_anything_runs(algorithm):
+    with pytest.raises(ParamsError, match=rf"rollouts.samples_per_prompt: 1 gives each prompt a group of one, and train.algorithm '{algorithm}'"):
+        load_params(REPO_PARAMS, ["rollouts.samples_per_prompt=1", f"train.algorithm={algorithm}"])
+
+
+def test_rft_keeps_single_completions_by_their_reward():
+    assert load_params(REPO_PARAMS, ["rollouts.samples_per_prompt=1", "train.algorithm=rft"]).rollouts.samples_per_prompt == 1

@@ -65,9 +65,9 @@ def test_sft_fraction_zero_leaves_no_sft_rows():
 
 def test_build_prompts_dedupes_and_counts():
     tokenizer = build_tiny_tokenizer()
-    raw = raw_table([("1+1=", "2"), ("2+2=", "4"), ("1+1=", "2"), ("1+1=", "3"), ("1+1=", "2")])
+    raw = raw_table([("1+1=", "2"), ("2+2=", "4"), ("1+1=", "2"), ("3+3=", "6"), ("1+1=", "2")])
     table, dropped = build_prompts(raw, PromptsParams(eval_fraction=0.5, max_prompt_tokens=64), tokenizer)
-    assert dropped == {"duplicates": 2, "too_long": 0}
+    assert dropped == {"duplicates": 2, "too_long": 0, "conflicting": 0}
     assert table.num_rows == 3
     assert table["source_row"].to_pylist() == [0, 1, 3]  # the first occurrence is kept
     assert len(set(table["prompt_id"].to_pylist())) == 3
@@ -100,7 +100,7 @@ def test_build_prompts_of_an_empty_table():
     tokenizer = build_tiny_tokenizer()
     table, dropped = build_prompts(raw_table([]), PromptsParams(), tokenizer)
     assert table.num_rows == 0 and table.schema.equals(PROMPTS)
-    assert dropped == {"duplicates": 0, "too_long": 0}
+    assert dropped == {"duplicates": 0, "too_long": 0, "conflicting": 0}
 
 
 def test_extra_is_carried_and_does_not_enter_the_id():
@@ -132,3 +132,18 @@ def test_chat_template_of_the_tokenizer_or_given_in_params():
     tokenizer.chat_template = CHAT  # a tokenizer that brings its own template, as most chat models' do
     own, _ = build_prompts(raw_table([("1+1=", "2")]), params.model_copy(update={"chat_template": True}), tokenizer)
     assert own["prompt"].to_pylist() == ["<user>Q: 1+1=<assistant>"]
+
+
+CONFLICTING = [("3+4=", "7"), ("3+4=", "6"), ("3+4=", "7"), ("3+4=", "8"), ("2+2=", "4")]
+
+
+def test_a_problem_with_different_answers_stops_the_step_naming_its_rows():
+    with pytest.raises(ValueError, match=r"(?s)1 problems appear with different answers.*'3\+4=': '7' \(s.jsonl:0, s.jsonl:2\), '6' \(s.jsonl:1\)"):
+        build_prompts(raw_table(CONFLICTING), PromptsParams(), build_tiny_tokenizer())
+
+
+@pytest.mark.parametrize("policy, problems, answers, dropped", [("drop", ["2+2="], ["4"], 4), ("first", ["3+4=", "2+2="], ["7", "4"], 2)])
+def test_conflicting_answers_dropped_or_first_are_counted(policy, problems, answers, dropped):
+    table, counts = build_prompts(raw_table(CONFLICTING), PromptsParams(conflicting_answers=policy), build_tiny_tokenizer())
+    assert table["problem"].to_pylist() == problems and table["answer"].to_pylist() == answers
+    assert counts["conflicting"] == dropped
