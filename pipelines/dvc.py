@@ -224,7 +224,7 @@ def commit_stages(log, entries: list[dict], dvc: str, follower: JournalFollower 
     python = dvc_python(dvc)
     if follower is not None and follower.running:
         errors = follower.finish(stages)
-    elif len(stages) > 1 and python is not None:
+    elif python is not None:  # also for one stage: `dvc commit` would fill DVC's run cache (see dvc_commit.py)
         # -I: not the script's folder on sys.path, where pipelines/dvc.py would shadow the dvc package
         done = subprocess.run([*LOW_PRIORITY, python, "-I", str(HELPER), *stages], capture_output=True, text=True)
         errors = _helper_errors(done, stages)

@@ -13,6 +13,11 @@ dvc.lock once, after END; stdin closing without END (the step was killed) leaves
 not relinked from the cache (`dvc commit --no-relink`): the step's child may be reading them, and with the default
 copy cache a relink rewrote every file. Prints {stage: null, or the error that stopped its commit} as one JSON line.
 
+Nothing goes into DVC's run cache (`stage.save(run_cache=False)`). `Stage.save` keys a run-cache entry by the params in
+params.yaml, but a run with `--set` or another params file made these outputs with other values: such an entry told a
+later `dvc repro` "Stage is cached - skipping run" and checked out outputs that other params made, recording params.yaml's
+values beside them. Without it, `dvc repro` runs a stage whose recorded params differ, as it should.
+
 It imports dvc, so it runs only in DVC's environment and imports nothing of this project (see pipelines/dvc.py).
 """
 
@@ -41,7 +46,7 @@ def commit(names, follow: bool = False) -> dict[str, str | None] | None:
                 continue
             try:
                 with repo.lock:  # per stage: a `dvc status` run meanwhile waits at most one stage
-                    stage.save()
+                    stage.save(run_cache=False)  # see above: the run cache would record params.yaml, not the run's params
                     stage.commit(relink=False)
             except Exception as error:  # noqa: BLE001 - DVC's errors (a missing output) are reported per stage
                 errors[name] = f"failed to commit {name} - {error}"
