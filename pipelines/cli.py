@@ -72,7 +72,7 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
         from pipelines.definitions import PARAMS, start_step_server
         from pipelines.warm_child import warm_child_for
 
-        quiet = {"loggers": {"console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
+        quiet = {"loggers": {"brief_console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
         with warm_child_for(PARAMS, keys, say), _one_line_per_skip():  # the compute child imports torch while the run starts
             start_step_server(PARAMS)
             result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,

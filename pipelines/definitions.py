@@ -3,7 +3,10 @@
 Loads without importing torch, transformers or trl (each UI reload and schedule tick loads it).
 """
 
-from dagster import AssetSelection, Definitions, PipesSubprocessClient, define_asset_job, multiprocess_executor
+import logging
+
+from dagster import (AssetSelection, Definitions, PipesSubprocessClient, colored_console_logger, define_asset_job, logger,
+                     multiprocess_executor)
 
 from pipelines.assets import prompts, raw_data
 from pipelines.compute import compute_asset
@@ -67,6 +70,23 @@ def start_step_server(params) -> None:
     forkserver.ensure_running()
 
 
+def without_stack_trace(record: logging.LogRecord) -> bool:
+    """Cut Dagster's "Stack Trace:" from a console line. It shows where the orchestration code raised the step's Failure,
+    once for the step and again for the run, after the child's own traceback, the one that says what broke."""
+    message = record.getMessage()
+    if "\nStack Trace:" in message:
+        record.msg, record.args = message.split("\nStack Trace:", 1)[0].rstrip() + "\n(its stack trace: make ui, the run's logs)", ()
+    return True
+
+
+@logger(colored_console_logger.config_schema, description="Dagster's console logger without the stack traces of failures "
+        "(the event log and the UI keep them); what `rl-assets run` prints")
+def brief_console(init_context):
+    console = colored_console_logger.logger_fn(init_context)
+    console.addFilter(without_stack_trace)
+    return console
+
+
 defs = Definitions(
     assets=assets,
     jobs=[rl_pipeline],
@@ -74,4 +94,5 @@ defs = Definitions(
     sensors=[raw_data_sensor],
     executor=executor(PARAMS),
     resources={"pipes": PipesSubprocessClient(), "params": ParamsResource()},
+    loggers={"brief_console": brief_console},
 )

@@ -84,12 +84,52 @@ def error_line(error: BaseException) -> str:
     return line if len(line) <= 1000 else line[:997] + "..."
 
 
+# What torch's and safetensors' writers say when a write fails half-way (a full disk among the likely causes).
+SHORT_WRITE = re.compile(r"No space left on device|unexpected pos \d+ vs \d+|failed writing file|Disk quota exceeded", re.IGNORECASE)
+
+
+def resource_fault(error: BaseException, output: str | None) -> str | None:
+    """Plain words for a fault of the machine rather than of the step's inputs: a full disk, no host memory.
+
+    >>> resource_fault(MemoryError(), "r01/checkpoint")
+    'out of memory (host RAM) while writing r01/checkpoint'
+    """
+    import errno
+    import shutil
+
+    where = output or "its outputs"
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or SHORT_WRITE.search(str(error)):
+            path = Path("data") if output is None else _output_path(output)
+            while not path.exists() and path != path.parent:
+                path = path.parent
+            free = shutil.disk_usage(path).free
+            amount = f"{free / 1e6:.1f} MB" if free >= 1e6 else f"{free / 1e3:.0f} kB"
+            return (f"no space left on device while writing {_output_path(output) if output else 'data/'}: {amount} free on "
+                    f"its filesystem; free some space, then `rl-assets run` continues from this output")
+        if isinstance(error, MemoryError):
+            return f"out of memory (host RAM) while writing {where}"
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def _output_path(key: str) -> Path:
+    from rl_assets.paths import output_path
+
+    return output_path(key)
+
+
 def report_failure(error: BaseException) -> int:
-    """Print the traceback and the one-line error, leave the verdict for the parent; returns the exit code."""
-    kind, line = classify(error), error_line(error)
+    """Print the traceback and the one-line error, leave the verdict for the parent; returns the exit code.
+
+    A fault of the machine (a full disk, no memory) is said in plain words, whatever exception the library raised for it.
+    """
+    output = next((note.removeprefix(WRITING) for note in getattr(error, "__notes__", []) if note.startswith(WRITING)), None)
+    kind, line = classify(error), resource_fault(error, output) or error_line(error)
     traceback.print_exception(error)
     print(f"error: {line}", file=sys.stderr, flush=True)
-    output = next((note.removeprefix(WRITING) for note in getattr(error, "__notes__", []) if note.startswith(WRITING)), None)
     if directory := os.environ.get(ERROR_DIR_ENV):
         rank = int(os.environ.get("RANK", "0"))
         record = Path(directory) / f"rank{rank}.json"
