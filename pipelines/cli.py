@@ -259,7 +259,7 @@ def print_status() -> int:
     with DagsterInstance.get() as instance:  # outputs truncated, overwritten or deleted since they were recorded
         status["changed_outputs"] = changed_outputs(instance, params.rounds, Path("."), Path(params.promotion.directory))
     status["healthy"] = healthy = (healthy and not any(step["stale"] for step in status["running_steps"])  # a hung step
-                                   and not status["changed_outputs"])
+                                   and not status["changed_outputs"] and not status["other_experiment_outputs"])
     if note:
         status["params_note"] = note
     print(json.dumps(status, indent=2, default=str))

@@ -62,11 +62,17 @@ class StatusCache:
 
 
 def assess(status: dict | None, steps: list[dict]) -> tuple[bool, list[str]]:
-    """(healthy, why not): unhealthy when the latest run failed or was cancelled, or a running step's heartbeat is stale."""
+    """(healthy, why not): unhealthy when the latest run failed or was cancelled, an output changed since it was recorded,
+    data/ holds another experiment's outputs, or a running step's heartbeat is stale."""
     reasons = []
     run = (status or {}).get("latest_run") or {}
     if run.get("status") in UNHEALTHY_RUNS:
         reasons.append(f"latest run {run.get('run_id')} {run['status'].lower()}")
+    for key, why in ((status or {}).get("changed_outputs") or {}).items():
+        reasons.append(f"{key}: {why}")
+    if other := (status or {}).get("other_experiment_outputs"):
+        reasons.append(f"data/ holds outputs of another experiment ({', '.join(f'{k}: {e}' for k, e in other.items())}), "
+                       f"not of {(status or {}).get('experiment')}")
     for step in steps:
         if step["stale"]:
             name = step["stage"] + (f" r{step['round']:02d}" if step["round"] is not None else "")

@@ -72,14 +72,19 @@ def summary_text(root: Path = Path(".")) -> str:
     from rl_assets.paths import output_path
     from rl_assets.schemas import read_table
 
-    rows = read_table(output_path("evaluation", root), "evaluation").to_pylist()
+    from rl_assets.schemas import table_lineage
+
+    path = output_path("evaluation", root)
+    rows = read_table(path, "evaluation").to_pylist()
+    experiment = table_lineage(path).get("experiment")
     by_checkpoint: dict[str, dict] = {}
     for row in rows:
         by_checkpoint.setdefault(row["checkpoint"], {"id": row["checkpoint_id"]})[row["mode"]] = row
     first = next(iter(by_checkpoint.values()))
     k = first["sampled"]["n_samples"]
-    lines = ["held-out accuracy by {} (greedy; sampled at T={:.1f}, {} samples/prompt, {} prompts)".format(
-        first["sampled"]["correctness"], first["sampled"]["temperature"], k, first["sampled"]["n_prompts"]),
+    lines = ["held-out accuracy by {} (greedy; sampled at T={:.1f}, {} samples/prompt, {} prompts){}".format(
+        first["sampled"]["correctness"], first["sampled"]["temperature"], k, first["sampled"]["n_prompts"],
+        f"; experiment {experiment}" if experiment else ""),
         f"{'checkpoint':<16}{'id':<14}{'greedy':>8}{'sampled':>9}{'Δ sampled':>11}{f'pass@{k}':>9}{'reward':>8}"]
     for name, entry in by_checkpoint.items():
         sampled = entry["sampled"]

@@ -35,8 +35,26 @@ def _evaluation(root: Path) -> dict | None:
     return {"path": str(path.relative_to(root)), "accuracy": accuracy}
 
 
+def data_experiments(root: Path) -> dict[str, str]:
+    """{output: the experiment that made it} for the checkpoints and the evaluation table in data/ (outputs of earlier
+    versions, which did not record it, are left out). All experiments write data/ (see the README): after another
+    experiment's run, what is there is that experiment's."""
+    from rl_assets.schemas import table_lineage
+
+    made = {f"r{n:02d}/checkpoint": read_lineage(output_path(f"r{n:02d}/checkpoint", root)).get("experiment") for n in checkpoint_rounds(root)}
+    evaluation = output_path("evaluation", root)
+    if evaluation.is_file():
+        try:
+            made["evaluation"] = table_lineage(evaluation).get("experiment")
+        except Exception:  # noqa: BLE001 - an unreadable table is reported by changed_outputs, not here
+            pass
+    return {key: experiment for key, experiment in made.items() if experiment is not None}
+
+
 def project_status(root: Path, params: Params) -> dict:
-    """Current round, last checkpoint and its metrics, the evaluation, the promoted model, and the heartbeats of running steps."""
+    """Current round, last checkpoint and its metrics, the evaluation, the promoted model, the heartbeats of running steps, and
+    and the outputs in data/ that another experiment made and this one does not (`other_experiment_outputs`: rounds past its
+    own, or an evaluation of that experiment's checkpoints)."""
     rounds = checkpoint_rounds(root)
     latest = None
     if rounds:
@@ -49,8 +67,12 @@ def project_status(root: Path, params: Params) -> dict:
     if card:
         promoted = {key: card.get(key) for key in ("checkpoint_id", "source", "promoted_at", "previous")}
         promoted.update(sampled_accuracy=card["evaluation"]["sampled"], history_events=len(history(models)))
+    # Outputs this experiment shares with another (an r00 of the same params) are its own too; those beyond its rounds are not.
+    other = {key: experiment for key, experiment in data_experiments(root).items()
+             if experiment != params.experiment and (key == "evaluation" or int(key[1:3]) > params.rounds)}
     return {"rounds_configured": params.rounds, "current_round": rounds[-1] if rounds else None, "latest_checkpoint": latest,
-            "evaluation": _evaluation(root), "promoted_model": promoted, "running_steps": running_steps(root)}
+            "evaluation": _evaluation(root), "promoted_model": promoted, "running_steps": running_steps(root),
+            "other_experiment_outputs": other}
 
 
 def format_status(status: dict) -> str:
