@@ -63,6 +63,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--max-batch", type=int, default=32, help="completions generated together at most")
     serve.add_argument("--max-tokens", type=int, default=256, help="largest max_tokens a request may ask for")
     serve.add_argument("--device", default="cpu", help="cpu or cuda (on a GPU, `vllm serve models/promoted` is faster)")
+    serve.add_argument("--max-request-tokens", type=int, default=None, help="largest prompts x n x max_tokens one request may ask "
+                       "for (default 64 x --max-tokens); larger ones get 400")
+    serve.add_argument("--max-queued-tokens", type=int, default=None, help="tokens of admitted requests not yet answered before "
+                       "new ones get 429 (default 4 x --max-request-tokens)")
+    serve.add_argument("--read-timeout", type=float, default=10.0, help="seconds a client has to send a request's head and body")
     track = commands.add_parser("track", help="log every round's metrics, the params and lineage ids to the trackers of tracking.backends")
     track.add_argument("--run-id", default=None, help="the pipeline run to log as (default: the latest Dagster run)")
     args = parser.parse_args(argv)
@@ -104,7 +109,8 @@ def main(argv: list[str] | None = None) -> int:
             from rl_assets.serve import serve
 
             serve(Path("."), _params(), args.host, args.port, heartbeat_timeout=args.heartbeat_timeout,
-                  status_interval=args.status_interval, max_batch=args.max_batch, max_tokens=args.max_tokens, device=args.device)
+                  status_interval=args.status_interval, max_batch=args.max_batch, max_tokens=args.max_tokens, device=args.device,
+                  max_request_tokens=args.max_request_tokens, max_queued_tokens=args.max_queued_tokens, read_timeout=args.read_timeout)
     except (FileNotFoundError, ValueError, ImportError, duckdb.Error) as error:  # ImportError: a tracker's missing extra
         print(f"rl-assets {args.command}: {error}", file=sys.stderr)
         return 2

@@ -11,7 +11,10 @@
     POST /v1/chat/completions   the same for chat messages (the tokenizer's chat template, else one message per line)
 
 Responses carry the checkpoint id as `model` and its lineage under `lineage`. Concurrent requests are
-batched on one worker thread (rl_assets/serve_models.py). Sampling is greedy unless `temperature` > 0,
+batched on one worker thread (rl_assets/serve_models.py), admitted against a token budget (400 above
+`--max-request-tokens`, 429 while `--max-queued-tokens` are waiting), generated in slices so a large one
+never starves small ones, and dropped when their client hangs up; a client gets `--read-timeout` seconds
+to send a request's head and body. /health shows the queue. Sampling is greedy unless `temperature` > 0,
 as in `rl-assets generate`. On a GPU with vLLM installed, `vllm serve models/promoted` serves the same
 folder faster; this server is the CPU path and the one with the project's health and metrics.
 """
@@ -36,7 +39,7 @@ from rl_assets.health import StatusCache, health_body
 from rl_assets.heartbeat import running_steps, timeout_seconds
 from rl_assets.paths import DATA
 from rl_assets.serve_metrics import ProjectCollector, ServerMetrics
-from rl_assets.serve_models import BadRequest, Batcher, Job, ModelPool, Sampling, UnknownModel
+from rl_assets.serve_models import BadRequest, Batcher, Busy, Job, ModelPool, Sampling, UnknownModel
 
 PREDICT = ("/v1/completions", "/v1/chat/completions")
 
@@ -79,13 +82,17 @@ def error(status: int, message: str, kind: str = "invalid_request_error", code: 
 
 def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = None, status_interval: float = 15.0,
                max_batch: int = 32, max_tokens: int = 256, device: str = "cpu", preload: str | None = "promoted",
-               status_command: list[str] | None = None) -> FastAPI:
-    """The server of the project at `root` (see the module docstring); `status_command` replaces `python -m pipelines status`."""
+               status_command: list[str] | None = None, max_request_tokens: int | None = None,
+               max_queued_tokens: int | None = None) -> FastAPI:
+    """The server of the project at `root` (see the module docstring); `status_command` replaces `python -m pipelines status`.
+
+    `max_request_tokens` (default 64 completions of `max_tokens`) and `max_queued_tokens` (default 4x that) are the budget."""
     timeout = timeout_seconds() if heartbeat_timeout is None else heartbeat_timeout
     status = StatusCache(root, status_interval, status_command)
     metrics = ServerMetrics(ProjectCollector(root, status, timeout))
     pool = ModelPool(root, params.promotion, device)
-    batcher = Batcher(pool, max_batch=max_batch, on_batch=metrics.on_batch)
+    batcher = Batcher(pool, max_batch=max_batch, on_batch=metrics.on_batch, max_request_tokens=max_request_tokens or 64 * max_tokens,
+                      max_queued_tokens=max_queued_tokens)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
@@ -116,6 +123,7 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
     async def health():
         current = await asyncio.to_thread(status.latest)
         healthy, body = health_body(current, running_steps(root, timeout), status.age(), status.error)
+        body["serving"] = batcher.load()  # a saturated queue: new large requests get 429 until it drains
         return JSONResponse(body, status_code=200 if healthy else 503)
 
     @app.get("/health/live")
@@ -124,7 +132,7 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
         stuck = batcher.stuck_for()
         if stuck is not None and stuck > timeout:
             return JSONResponse({"status": "unhealthy", "reasons": [f"generation worker on one batch for {stuck:.0f} s"]}, status_code=503)
-        return {"status": "healthy", "busy_s": stuck}
+        return {"status": "healthy", "busy_s": stuck, "serving": batcher.load()}
 
     @app.get("/metrics")
     async def prometheus():
@@ -139,7 +147,7 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
                 listed.append({"id": name, "object": "model", "owned_by": "rl-assets", "created": 0, "lineage": pool.resolve(name)[1]})
         return {"object": "list", "data": listed}
 
-    async def predict(endpoint: str, request: _Request, **job) -> JSONResponse:
+    async def predict(endpoint: str, raw: Request, request: _Request, **job) -> JSONResponse:
         started, code = time.perf_counter(), 500
         try:
             if request.max_tokens > max_tokens:
@@ -147,7 +155,10 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
             path, lineage = pool.resolve(request.model)
             sampling = Sampling(request.max_tokens, request.temperature, request.top_p, request.n, request.seed or 0)
             stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-            result = await batcher.submit(Job(path, sampling, stop=stop, **job))
+            result = await until_answered_or_gone(raw, batcher.submit(Job(path, sampling, stop=stop, **job)))
+            if result is None:  # the client hung up: its job was dropped; nobody reads this answer
+                code = 499
+                return error(499, "client closed the request", code="client_closed_request")
             code = 200
         except UnknownModel as problem:
             code = 404
@@ -155,6 +166,11 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
         except BadRequest as problem:
             code = 400
             return error(400, str(problem))
+        except Busy as problem:
+            code = 429
+            response = error(429, str(problem), kind="rate_limit_error", code="server_busy")
+            response.headers["Retry-After"] = "1"
+            return response
         except Exception as problem:  # noqa: BLE001 - a failed generation is a 500 with its message; the server keeps serving
             return error(500, f"{type(problem).__name__}: {problem}", kind="server_error")
         finally:
@@ -166,14 +182,28 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
                              "usage": usage, **_shape(result["choices"], chat=job.get("messages") is not None)})
 
     @app.post("/v1/completions")
-    async def completions(request: CompletionRequest):
-        return await predict("/v1/completions", request, prompts=[request.prompt] if isinstance(request.prompt, str) else request.prompt)
+    async def completions(request: CompletionRequest, raw: Request):
+        return await predict("/v1/completions", raw, request, prompts=[request.prompt] if isinstance(request.prompt, str) else request.prompt)
 
     @app.post("/v1/chat/completions")
-    async def chat(request: ChatRequest):
-        return await predict("/v1/chat/completions", request, messages=[{"role": m.role, "content": m.text()} for m in request.messages])
+    async def chat(request: ChatRequest, raw: Request):
+        return await predict("/v1/chat/completions", raw, request, messages=[{"role": m.role, "content": m.text()} for m in request.messages])
 
     return app
+
+
+async def until_answered_or_gone(request: Request, answer, poll: float = 0.25):
+    """Await `answer`, checking every `poll` seconds that the client is still there; None (and the job dropped) once it is not."""
+    task = asyncio.ensure_future(answer)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()  # Batcher.submit marks the job cancelled: the worker drops it at its next slice
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
 
 
 def _shape(choices: list[dict], chat: bool) -> dict:
@@ -184,7 +214,36 @@ def _shape(choices: list[dict], chat: bool) -> dict:
                                                      for i, c in enumerate(choices)]}
 
 
-def serve(root: Path, params: Params, host: str = "127.0.0.1", port: int = 8000, **options) -> None:
+def serve(root: Path, params: Params, host: str = "127.0.0.1", port: int = 8000, read_timeout: float = 10.0, **options) -> None:
     import uvicorn
 
-    uvicorn.run(create_app(root, params, **options), host=host, port=port, log_level="info")
+    uvicorn.run(create_app(root, params, **options), host=host, port=port, log_level="info", http=timed_protocol(read_timeout))
+
+
+def timed_protocol(read_timeout: float):
+    """uvicorn's h11 protocol with a deadline for reading a request: a client that sends half a head, or its body slower than
+    `read_timeout` seconds, is disconnected (uvicorn times out only idle keep-alive connections, so it held them forever)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._read_deadline = self.loop.call_later(read_timeout, self._read_timed_out)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._read_deadline.cancel()  # the next request of a kept-alive connection gets a deadline of its own
+            self._read_deadline = self.loop.call_later(read_timeout, self._read_timed_out)
+
+        def connection_lost(self, exc) -> None:
+            self._read_deadline.cancel()
+            super().connection_lost(exc)
+
+        def _read_timed_out(self) -> None:
+            # IDLE: not even a whole head yet; SEND_BODY: the body is still coming. DONE: read, being answered: not ours.
+            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+                self.logger.warning(f"{self.client}: request not read within {read_timeout:.0f} s: closing the connection")
+                self.transport.close()
+
+    return TimedH11Protocol

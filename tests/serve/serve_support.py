@@ -44,11 +44,11 @@ def status_command(status: dict) -> list[str]:
 
 
 @contextlib.contextmanager
-def running_server(app, timeout: float = 60.0):
-    """Serve `app` with uvicorn on a free port of 127.0.0.1 in a thread; yields the base URL."""
+def running_server(app, timeout: float = 60.0, **config):
+    """Serve `app` with uvicorn on a free port of 127.0.0.1 in a thread; yields the base URL. `config`: more uvicorn.Config."""
     sock = socket.socket()
     sock.bind(("127.0.0.1", 0))
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", lifespan="on", **config))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout
