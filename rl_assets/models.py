@@ -40,7 +40,8 @@ def check_model(params: ModelParams, source: str = "params.yaml", key: str = "mo
 
     A tokenizer with more tokens than config.json's vocab_size yields ids past the embedding matrix,
     which fails (or, on a GPU, corrupts memory) inside the first compute step. Only the config and
-    the tokenizer are read, no weights. Hub ids (not local folders) are not checked: that needs the network.
+    the tokenizer are read, no weights. A hub id must be in the local Hugging Face cache or answer on the hub
+    (`reachable_on_hub`): a model that cannot be had stops the run before anything is written, not in r00's step.
     """
     import json
 
@@ -49,8 +50,11 @@ def check_model(params: ModelParams, source: str = "params.yaml", key: str = "mo
     if params.name_or_path == "tiny":
         return
     if not folder.is_dir():
-        if params.name_or_path.startswith(("/", "./", "../")):  # a path, not a hub id
+        if params.name_or_path.startswith(("/", "./", "../")) or params.name_or_path.count("/") > 1:  # a path, not a hub id
             raise ParamsError(f"{where}: folder not found")
+        if why := unreachable_on_hub(params.name_or_path):
+            raise ParamsError(f"{where}: not a local folder, not in the Hugging Face cache, and {why}; import a local copy "
+                              "(`rl-assets import-model`, or a folder saved with save_pretrained) and name its folder")
         return
     if not (folder / "config.json").is_file():
         return  # not a full model folder; loading it reports what is missing
@@ -68,6 +72,23 @@ def check_model(params: ModelParams, source: str = "params.yaml", key: str = "mo
     if tokens > vocab_size:
         raise ParamsError(f"{where}: config.json vocab_size={vocab_size} is smaller than the tokenizer's {tokens} tokens: token ids "
                           f"from {vocab_size} up would index past the embeddings; use the model's own tokenizer or resize its embeddings")
+
+
+def unreachable_on_hub(repo_id: str, timeout: float = 10.0) -> str | None:
+    """Why the hub model `repo_id` cannot be had (None when it is cached locally or the hub answers for it)."""
+    import os
+
+    from huggingface_hub import model_info, try_to_load_from_cache
+
+    if isinstance(try_to_load_from_cache(repo_id, "config.json"), str):
+        return None
+    if os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on"):
+        return "HF_HUB_OFFLINE is set"
+    try:
+        model_info(repo_id, timeout=timeout)
+    except Exception as error:  # noqa: BLE001 - no network, no such repo, a gated one: each says why
+        return f"the hub did not answer for it ({type(error).__name__}: {str(error).splitlines()[0][:200]})"
+    return None
 
 
 def load_base_model(params: ModelParams, seed: int):

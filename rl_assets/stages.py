@@ -52,7 +52,10 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
                    if params.sft.enabled else {})
         parent, trained_on = params.model.name_or_path, {"prompts": file_hash(prompts_path)} if params.sft.enabled else {}
         algorithm = "sft" if params.sft.enabled else "none"
-    lineage = {"round": 0, "parent": parent, "trained_on": trained_on, "algorithm": algorithm,
+    from rl_assets.import_model import base_model_id
+
+    lineage = {"round": 0, "parent": parent, "base_model_id": base_model_id(params.model.name_or_path), "trained_on": trained_on,
+               "algorithm": algorithm,
                "params_hash": params.section_hash("seed", "model", "sft"), **stage_lineage("sft", params, ["seed", "model", "sft", *EPISODE_KEYS[:3]]),
                "metrics": metrics, "num_parameters": sum(p.numel() for p in model.parameters())}
     path = output_path(checkpoint_key(0), root)

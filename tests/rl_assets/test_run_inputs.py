@@ -43,7 +43,6 @@ def test_a_vocabulary_short_of_the_tokenizer_names_the_key(tmp_path):
 
 def test_what_cannot_be_read_cheaply_is_left_to_the_run(tmp_path):
     check_model(ModelParams())  # tiny
-    check_model(ModelParams(name_or_path="Qwen/Qwen2.5-0.5B"))  # a hub id: offline, not checked
     check_model(ModelParams(name_or_path=model_folder(tmp_path / "m", None)))  # no vocab_size in config.json
     (tmp_path / "adapters").mkdir()
     check_model(ModelParams(name_or_path=str(tmp_path / "adapters")))  # no config.json
@@ -89,3 +88,10 @@ def test_only_what_the_selected_assets_read_is_checked(tmp_path):
         check_run_inputs(params, keys=["raw_data"], root=tmp_path)
     with pytest.raises(ParamsError, match=r"^params\.yaml: model\.name_or_path: \./no_model: folder not found$"):
         check_run_inputs(params, keys=["prompts"], root=tmp_path)
+
+
+def test_a_hub_model_that_cannot_be_had_stops_before_the_run(monkeypatch):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and no such model in the cache
+    with pytest.raises(ParamsError, match=r"^params\.yaml: model\.name_or_path: nobody/no-such-model: not a local folder, not in the "
+                                          r"Hugging Face cache, and HF_HUB_OFFLINE is set; import a local copy"):
+        check_model(ModelParams(name_or_path="nobody/no-such-model"))
