@@ -53,6 +53,8 @@ def main(argv: list[str] | None = None) -> int:
     generate.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
     generate.add_argument("--max-new-tokens", type=int, default=16)
     generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--raw", action="store_true", help="send the text as given, not rendered as training rendered problems "
+                          "(prompts.template, and the chat template when prompts.chat_template says so)")
     back = commands.add_parser("rollback", help="restore the model promoted before the current one (of this experiment)")
     back.add_argument("--allow-other-experiment", action="store_true", help="restore it even when another experiment promoted it")
     serve = commands.add_parser("serve", help="HTTP: /health, /metrics, /v1/completions and /v1/chat/completions (rl_assets/serve.py)")
@@ -98,9 +100,11 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "generate":
             from rl_assets.generate import resolve_checkpoint, sample
 
-            path = resolve_checkpoint(args.checkpoint, _params().promotion)
+            params = _params()
+            path = resolve_checkpoint(args.checkpoint, params.promotion)
             print(f"# {path}", file=sys.stderr)
-            for row in sample(path, args.prompts, args.samples, args.temperature, args.max_new_tokens, args.seed):
+            rendering = None if args.raw else params.prompts
+            for row in sample(path, args.prompts, args.samples, args.temperature, args.max_new_tokens, args.seed, rendering):
                 print(json.dumps(row))
         elif args.command == "rollback":
             from rl_assets.promotion import models_dir, rollback

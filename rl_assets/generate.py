@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 
 from rl_assets.checkpoints import LINEAGE_FILE
-from rl_assets.config import PromotionParams
+from rl_assets.config import PromotionParams, PromptsParams
 from rl_assets.paths import DATA, checkpoint_key, output_path
 from rl_assets.promotion import models_dir, promoted_path
 
@@ -37,13 +37,17 @@ def resolve_checkpoint(name: str, promotion: PromotionParams, root: Path = Path(
     raise FileNotFoundError(f"{name!r}: " + (f"{len(found)} checkpoint ids start with it" if found else "no checkpoint folder or id"))
 
 
-def sample(path: Path, prompts: list[str], samples: int, temperature: float, max_new_tokens: int, seed: int) -> list[dict]:
-    """`samples` completions per prompt (greedy when temperature is 0)."""
+def sample(path: Path, prompts: list[str], samples: int, temperature: float, max_new_tokens: int, seed: int,
+           rendering: PromptsParams | None = None) -> list[dict]:
+    """`samples` completions per prompt (greedy when temperature is 0), each prompt rendered as training rendered problems
+    (`rendering`: the params' prompts section, its template and chat template) unless it is None (the text as given)."""
     from rl_assets.models import load_policy, pick_device
+    from rl_assets.prompts import render
     from rl_assets.rollouts import generate
 
     model, tokenizer = load_policy(path, pick_device("auto"))
-    out = generate(model, tokenizer, prompts, samples, greedy=temperature == 0, temperature=temperature or 1.0,
+    texts = [render(prompt, rendering, tokenizer) for prompt in prompts] if rendering is not None else prompts
+    out = generate(model, tokenizer, texts, samples, greedy=temperature == 0, temperature=temperature or 1.0,
                    max_new_tokens=max_new_tokens, seed=seed)
     expanded = [p for p in prompts for _ in range(samples)]
     return [{"prompt": p, "completion": t, "truncated": tr} for p, t, tr in zip(expanded, out.texts, out.truncated)]

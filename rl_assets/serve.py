@@ -7,7 +7,9 @@
     GET  /health/live           200 while this server itself works (its generation worker is not stuck): the liveness probe
     GET  /metrics               Prometheus exposition format (rl_assets/serve_metrics.py)
     GET  /v1/models             the checkpoints a request may name
-    POST /v1/completions        OpenAI-compatible; `model` is promoted (default), rNN, a checkpoint folder or id (prefix)
+    POST /v1/completions        OpenAI-compatible; `model` is promoted (default), rNN, a checkpoint folder or id (prefix);
+                                each prompt rendered as training rendered problems (prompts.template, the chat template
+                                when prompts.chat_template says so), so a raw question reaches a chat model as a user turn
     POST /v1/chat/completions   the same for chat messages (the tokenizer's chat template, else one message per line)
 
 Responses carry the checkpoint id as `model` and its lineage under `lineage`. Concurrent requests are
@@ -92,7 +94,7 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
     metrics = ServerMetrics(ProjectCollector(root, status, timeout))
     pool = ModelPool(root, params.promotion, device)
     batcher = Batcher(pool, max_batch=max_batch, on_batch=metrics.on_batch, max_request_tokens=max_request_tokens or 64 * max_tokens,
-                      max_queued_tokens=max_queued_tokens)
+                      max_queued_tokens=max_queued_tokens, rendering=params.prompts)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):

@@ -138,8 +138,9 @@ class Batcher:
     """One worker thread that runs every job, batching those waiting together (see the module docstring)."""
 
     def __init__(self, pool: ModelPool, max_batch: int = 32, max_prompt_chars: int = 20_000, on_batch=None,
-                 max_request_tokens: int = 32 * 256, max_queued_tokens: int | None = None):
+                 max_request_tokens: int = 32 * 256, max_queued_tokens: int | None = None, rendering=None):
         self.pool, self.max_batch, self.max_prompt_chars, self.on_batch = pool, max_batch, max_prompt_chars, on_batch
+        self.rendering = rendering  # the params' prompts section: completions' prompts are rendered as training's were
         self.max_request_tokens = max_request_tokens
         self.max_queued_tokens = 4 * max_request_tokens if max_queued_tokens is None else max_queued_tokens
         self.jobs: queue.Queue[Job | None] = queue.Queue()
@@ -234,6 +235,11 @@ class Batcher:
             self._release(job)
         _answer(job, result=result, error=error)
 
+    def _rendered(self, prompts: list[str], tokenizer) -> list[str]:
+        from rl_assets.prompts import render
+
+        return prompts if self.rendering is None else [render(prompt, self.rendering, tokenizer) for prompt in prompts]
+
     def _run(self, path: Path, sampling: Sampling, jobs: list[Job]) -> None:
         from rl_assets.prompts import encode_prompts
         from rl_assets.rollouts import generate
@@ -251,7 +257,8 @@ class Batcher:
                 continue
             if job.texts is None:  # its first slice: check every prompt once
                 try:
-                    texts = job.prompts if job.prompts is not None else [render_chat(tokenizer, job.messages)]
+                    texts = (self._rendered(_checked(job.prompts, self.max_prompt_chars), tokenizer) if job.prompts is not None
+                             else [render_chat(tokenizer, job.messages)])
                     lengths = [len(ids) for ids in encode_prompts(tokenizer, _checked(texts, self.max_prompt_chars))]
                     if limit and max(lengths) + sampling.max_tokens > limit:
                         raise BadRequest(f"prompt of {max(lengths)} tokens plus max_tokens={sampling.max_tokens} exceeds the model's "
