@@ -50,16 +50,23 @@ def _last_boxed(text: str) -> str | None:
     return None
 
 
-def extract_answer(text: str, pick: Literal["final", "first"] = "final") -> Fraction | None:
+_ALONE = re.compile(rf"\s*(?:[-−+]?(?:{_UNSIGNED})(?:/(?:{_UNSIGNED}))?)\s*\.?\s*")
+
+
+def extract_answer(text: str, pick: Literal["final", "first", "strict"] = "final") -> Fraction | None:
     """The number `text` gives as its answer, or None.
 
     `final`: the last \\boxed{...}, else the number after GSM8K's last `####`, else the last number.
     `first`: the first number anywhere (the embedded arithmetic task answers with a bare number).
+    `strict`: only an answer given as one: the last \\boxed{...}, the number after the last `####`, or a
+    number alone on the last non-empty line; a number that merely comes last in prose is no answer.
 
     >>> [extract_answer(t) for t in ["so \\\\boxed{-\\\\frac{1}{2}}.", "3 + 4 = 7\\n#### 1,207", "about 2.50 dollars", "none"]]
     [Fraction(-1, 2), Fraction(1207, 1), Fraction(5, 2), None]
     >>> extract_answer("7 then 42", pick="first")
     Fraction(7, 1)
+    >>> [extract_answer(t, pick="strict") for t in ["4 means 'thirty-four' in Java Math.", "so it is\\n34.", "#### 34", "\\\\boxed{34}"]]
+    [None, Fraction(34, 1), Fraction(34, 1), Fraction(34, 1)]
     """
     if pick == "first":
         numbers = _numbers(text)
@@ -72,13 +79,19 @@ def extract_answer(text: str, pick: Literal["final", "first"] = "final") -> Frac
     if marker:
         numbers = _numbers(text[marker[-1].end():])
         return numbers[0] if numbers else None
+    if pick == "strict":
+        lines = [line for line in _normalize(text).splitlines() if line.strip()]
+        return _numbers(lines[-1])[0] if lines and _ALONE.fullmatch(lines[-1]) else None
     numbers = _numbers(text)
     return numbers[-1] if numbers else None
 
 
-def math_answer(completions: list[str], answer: list[str | None], *, pick: Literal["final", "first"] = "final",
+def math_answer(completions: list[str], answer: list[str | None], *, pick: Literal["final", "first", "strict"] = "final",
                 **kwargs) -> list[float | None]:
     """1.0 when the completion's answer equals the reference's answer as a number, else 0.0.
+
+    `pick` (options: {pick: strict} in params) says how the completion gives its answer (see `extract_answer`);
+    `strict` cannot be fooled by a stray number at the end of prose.
 
     The reference is read the same way, so it can be a bare number, `1,200`, `#### 72` or a whole
     worked solution. A row without a reference scores None (not applicable); a reference without a
@@ -94,7 +107,7 @@ def math_answer(completions: list[str], answer: list[str | None], *, pick: Liter
         if reference is None:
             scores.append(None)
             continue
-        expected = extract_answer(reference)
+        expected = extract_answer(reference)  # a reference is read leniently: it may be a whole worked solution
         found = extract_answer(completion, pick)
         scores.append(1.0 if expected is not None and found == expected else 0.0)
     return scores

@@ -86,3 +86,12 @@ def test_every_gsm8k_reference_solution_scores_one_and_a_wrong_number_zero():
     assert math_answer(solutions, answer=wrong) == [0.0] * len(rows)
     with_commas = [f for f in finals if "," in f]
     assert with_commas, "GSM8K has answers with thousands separators; this test should cover them"
+
+
+def test_strict_math_answer_is_not_fooled_by_a_stray_number():
+    """Issue 31: 'the last number' scored prose that merely ended in the right digit; strict wants an answer given as one."""
+    from rl_assets.rewards import math_answer
+
+    prose = "4 means 'thirty-four' in Java Math."
+    assert math_answer([prose], answer=["4"]) == [1.0]  # the lenient default reads the last number anywhere
+    assert math_answer([prose, "Adding them:\n4", "so #### 4", "\\boxed{4} is it"], answer=["4"] * 4, pick="strict") == [0.0, 1.0, 1.0, 1.0]
