@@ -83,14 +83,22 @@ def checkpoint_guards(card: dict, guards: GuardsParams) -> dict[str, Check]:
     return checks
 
 
-def rewards_have_signal(rewards: pa.Table) -> Check:
-    """At least one prompt group whose rewards differ: if every group is all-equal, every GRPO advantage is 0."""
+def rewards_have_signal(rewards: pa.Table, truncated_share: float | None = None, max_new_tokens: int | None = None) -> Check:
+    """At least one prompt group whose rewards differ: if every group is all-equal, every GRPO advantage is 0.
+
+    When most completions were cut off at `max_new_tokens` (`truncated_share` of the round's rollouts), that is the
+    likely cause (no answer was ever reached), and the verdict says so.
+    """
     spread: dict[str, set] = {}
     for prompt_id, reward in zip(rewards["prompt_id"].to_pylist(), rewards["reward"].to_pylist()):
         spread.setdefault(prompt_id, set()).add(reward)
     equal = sum(len(values) == 1 for values in spread.values())
     meta = {"groups": len(spread), "equal_reward_groups": equal}
     if equal == len(spread):
+        if truncated_share is not None and truncated_share >= 0.5:
+            return False, (f"all {len(spread)} groups have equal rewards: no learning signal; {truncated_share:.1%} of the completions "
+                           f"were cut off at rollouts.max_new_tokens={max_new_tokens} before they answered: raise it"), \
+                {**meta, "truncated_share": truncated_share}
         return False, f"all {len(spread)} groups have equal rewards: no learning signal (is a reward function constant?)", meta
     return True, f"{len(spread) - equal} of {len(spread)} groups have differing rewards", meta
 

@@ -92,8 +92,18 @@ def _rewards(n: int):
     return REWARDS, lambda p: {
         "schema": lambda: guards.table_schema(output_path(key), "rewards"),
         "lineage": lambda: guards.rewards_lineage(_read(key, "rewards"), output_path(f"{round_prefix(n)}/rollouts")),
-        "reward_signal": lambda: guards.rewards_have_signal(_read(key, "rewards")),
+        "reward_signal": lambda: guards.rewards_have_signal(_read(key, "rewards"), _truncated_share(f"{round_prefix(n)}/rollouts"),
+                                                            p.rollouts.max_new_tokens),
         "reward_not_regressed": lambda: guards.reward_not_regressed(_mean_reward(key), _mean_reward(previous) if n > 1 else None, p.guards.reward_drop_max)}
+
+
+def _truncated_share(key: str) -> float | None:
+    """The share of a rollouts table's completions that hit max_new_tokens (None when the table cannot be read)."""
+    try:
+        truncated = _read(key, "rollouts")["truncated"].to_pylist()
+    except (OSError, ValueError, KeyError):
+        return None
+    return sum(truncated) / len(truncated) if truncated else None
 
 
 def _with_sources(key: str):

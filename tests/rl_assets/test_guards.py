@@ -48,7 +48,9 @@ def test_rewards_with_every_group_equal_have_no_signal():
     table = lambda rewards: pa.table({"prompt_id": ["a", "a", "b", "b"], "reward": rewards})  # noqa: E731
     assert guards.rewards_have_signal(table([1.0, 0.0, 0.0, 0.0]))[0]
     passed, description, metadata = guards.rewards_have_signal(table([1.0, 1.0, 0.0, 0.0]))
-    assert not passed and metadata == {"groups": 2, "equal_reward_groups": 2}
+    assert not passed and metadata == {"groups": 2, "equal_reward_groups": 2} and "is a reward function constant?" in description
+    passed, description, _ = guards.rewards_have_signal(table([0.0] * 4), truncated_share=0.875, max_new_tokens=128)
+    assert not passed and "87.5% of the completions were cut off at rollouts.max_new_tokens=128 before they answered: raise it" in description
 
 
 def test_reward_and_accuracy_regressions_beyond_tolerance_fail():
