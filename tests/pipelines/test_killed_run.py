@@ -38,10 +38,11 @@ def wait_for(condition, process, timeout: float = 600) -> None:
         time.sleep(0.05)
 
 
-def compute_step_running(project) -> bool:
-    """A compute stage beats in a live process (rl_assets/heartbeat.py, what `rl-assets status` reads): its step holds the
-    gpu slot. Read from the project's files, not the instance, which the run may be creating."""
-    return bool(running_steps(project))
+def compute_step_running(project, since: float = 0.0) -> bool:
+    """A compute stage that started after `since` beats in a live process (rl_assets/heartbeat.py, what `rl-assets status`
+    reads): its step holds the gpu slot. Read from the project's files, not the instance, which the run may be creating.
+    `since`: a killed run's child can linger as a zombie (nothing reaps it in a container), its heartbeat looking alive."""
+    return any(step["started"] >= since for step in running_steps(project))
 
 
 def gpu_slot_claimed(project) -> bool:
@@ -69,8 +70,9 @@ def test_a_killed_run_is_continued_by_the_next_and_a_second_writer_is_refused(pi
 
     # killed again at a random point of the rerun's compute child (the resident child writes the rest of the pipeline in
     # about 15 s here: a later kill could land after the run has finished, and test nothing)
+    started = time.time()
     again = start_run(project)
-    wait_for(lambda: compute_step_running(project), again)
+    wait_for(lambda: compute_step_running(project, since=started), again)
     time.sleep(random.Random().uniform(0.0, 4.0))
     assert again.poll() is None, "the rerun finished before the kill"
     kill(again)

@@ -159,6 +159,13 @@ def lineage(project, check=True):
     return json.loads(done.stdout) if done.returncode == 0 else done
 
 
+def lineage_with_problems(project) -> tuple[list[dict], str]:
+    """The trace of a project with a changed file: printed in full, and exit 1 with the problems on stderr."""
+    done = python(["-m", "rl_assets.cli", "lineage", "data/r01/checkpoint", "--json"], project, timeout=120, check=False)
+    assert done.returncode == 1, f"lineage exited {done.returncode}: {done.stderr.strip()}"
+    return json.loads(done.stdout), done.stderr
+
+
 def test_lineage_cli_walks_back_to_the_raw_files(pipeline):
     project, _ = pipeline
     steps = lineage(project)
@@ -182,16 +189,15 @@ def test_lineage_cli_reports_a_rescored_rewards_table(pipeline, tmp_path):
     rewards[0] += 1.0
     table = table.set_column(table.schema.get_field_index("reward"), "reward", pa.array(rewards, pa.float64()))
     write_table(table, path, rewards_schema(reward_function_names(table)), "rewards")
-    r01 = lineage(changed)[0]
-    assert r01["rewards"]["status"] == "changed since recorded"
-    assert r01["rollouts"]["status"] == "ok"
+    steps, problems = lineage_with_problems(changed)
+    assert steps[0]["rewards"]["status"] == "changed since recorded" and steps[0]["rollouts"]["status"] == "ok"
+    assert "1 problem(s):\n  data/r01/rewards.parquet: changed since recorded" in problems
 
 
 def test_lineage_cli_reports_damaged_rewards_bytes(pipeline, tmp_path):
     changed = copy_project(pipeline[0], tmp_path / "changed")
     with open(changed / MICRO_OUTPUTS["r01/rewards"], "ab") as handle:
         handle.write(b"\n")  # a line appended to the Parquet file
-    steps = lineage(changed, check=False)
-    assert isinstance(steps, list), f"lineage exited {steps.returncode}: {steps.stderr.strip()}"
-    assert steps[0]["rewards"]["status"] == "changed since recorded"
-    assert steps[0]["rollouts"]["status"] == "ok"
+    steps, problems = lineage_with_problems(changed)
+    assert steps[0]["rewards"]["status"] == "changed since recorded" and steps[0]["rollouts"]["status"] == "ok"
+    assert "data/r01/rewards.parquet: changed since recorded" in problems

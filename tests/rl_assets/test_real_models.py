@@ -196,7 +196,7 @@ def test_prompt_length_filter_counts_the_tokens_generation_feeds(folders, arch):
     model, tokenizer = policy(folders, arch)
     raw = prompts_table([(p, "1") for p in PROBLEMS])
     table, dropped = build_prompts(raw, PromptsParams(chat_template=True, max_prompt_tokens=1000, eval_fraction=0.1), tokenizer)
-    assert dropped == {"duplicates": 0, "too_long": 0}
+    assert dropped == {"duplicates": 0, "too_long": 0, "conflicting": 0}
     out = generate(model, tokenizer, table["prompt"].to_pylist(), 1, greedy=True, max_new_tokens=1)
     assert table["n_tokens"].to_pylist() == [len(ids) for ids in out.prompt_ids]
 
