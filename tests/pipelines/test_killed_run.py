@@ -81,7 +81,7 @@ def test_a_killed_run_is_continued_by_the_next_and_a_second_writer_is_refused(pi
     assert "marked it failed and freed its gpu pool slot" in done.stderr
     with DagsterInstance.from_config(str(project / ".dagster")) as instance:
         runs = instance.get_runs()
-        assert runs[0].status == DagsterRunStatus.SUCCESS
+        assert runs[0].status == DagsterRunStatus.SUCCESS, [(r.run_id[:8], r.status.value, r.tags.get("rl_assets/pid")) for r in runs]
         assert all(run.status == DagsterRunStatus.FAILURE for run in runs[1:]), [run.status for run in runs]
         assert instance.get_latest_materialization_event(AssetKey("evaluation")) is not None
     for key in CHECKPOINTS:  # the same weights as an uninterrupted pipeline
