@@ -52,7 +52,7 @@ def data_experiments(root: Path) -> dict[str, str]:
 
 
 def project_status(root: Path, params: Params) -> dict:
-    """Current round, last checkpoint and its metrics, the evaluation, the promoted model, the heartbeats of running steps, and
+    """Current round, last checkpoint and its metrics, the evaluation, the promoted model, the heartbeats of running steps,
     and the outputs in data/ that another experiment made and this one does not (`other_experiment_outputs`: rounds past its
     own, or an evaluation of that experiment's checkpoints)."""
     rounds = checkpoint_rounds(root)

@@ -94,8 +94,9 @@ def _write_cache(cache: dict, root: Path) -> None:
 
 def checkpoint_intact(path: str | Path, root: Path = Path(".")) -> None:
     """Raise CorruptOutput when a checkpoint folder's weights are not those its lineage card names (read before loading it)."""
+    from rl_assets.checkpoints import read_lineage
+
     path = Path(path)
-    card = path / LINEAGE_FILE
-    if card.is_file():
-        check(path, json.loads(card.read_text())["checkpoint_id"], root)
+    if (path / LINEAGE_FILE).is_file():
+        check(path, read_lineage(path)["checkpoint_id"], root)
 

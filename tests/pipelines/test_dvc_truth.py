@@ -7,10 +7,10 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from conftest import DVC, NO_DVC_REASON, copy_project, dvc, dvc_status, python
+from conftest import copy_project, dvc, dvc_status, python
 from rl_assets.checkpoints import read_lineage
 
-pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not DVC.exists(), reason=NO_DVC_REASON)]
+pytestmark = pytest.mark.e2e  # make test installs DVC: without it, dvc() fails the test
 
 
 def recorded_learning_rate(project) -> float:
