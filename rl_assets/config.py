@@ -364,6 +364,8 @@ class EvaluationParams(Section):
     max_prompts: int = Field(200, ge=1, description="Held-out prompts evaluated per checkpoint.")
     samples_per_prompt: int = Field(4, ge=1, description="Samples per prompt for sampled accuracy.")
     temperature: float = Field(1.0, gt=0, description="Temperature of sampled accuracy.")
+    greedy: bool = Field(True, description="Also report greedy accuracy (one more completion per prompt); false: sampled only.")
+    batch_size: int = Field(256, ge=1, description="Completions generated at once (memory, and speed: on CPU a smaller batch can be faster).")
     max_new_tokens: int = Field(8, ge=1, description="Completion length cap at evaluation.")
     correctness: str | None = Field(None, description="The reward function (its score column name) whose score 1 counts as correct; "
                                                       "default: the first of rewards.functions.")

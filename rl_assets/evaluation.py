@@ -4,7 +4,8 @@ Completions are scored with the configured reward functions, the same ones the r
 Accuracy is the share of completions that the correctness function (`evaluation.correctness`,
 default the first reward function) scores 1; the mean total reward and pass@k (k = the samples per
 prompt: the share of prompts with at least one correct completion) are reported beside it, and
-promotion ranks on the sampled accuracy.
+promotion ranks on the sampled accuracy. Every checkpoint sees the same prompts with the same seed,
+so a gain is reported with its paired standard error (`paired_difference`).
 
 Each checkpoint is evaluated once per evaluation: the result is kept under
 data/evaluations/<checkpoint id>-<evaluation key>.json, written by the step that made the
@@ -70,13 +71,14 @@ def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: Evaluation
     prompts, answers = held_out["prompt"].to_pylist(), held_out["answer"].to_pylist()
     correctness = correctness_function(params, rewards)
     rows = []
-    for mode, samples in (("greedy", 1), ("sampled", params.samples_per_prompt)):
+    modes = ([("greedy", 1)] if params.greedy else []) + [("sampled", params.samples_per_prompt)]
+    for mode, samples in modes:
         if rollouts is not None and rollouts.episodes is not None:
             out = _episodes(model, tokenizer, held_out, samples, rollouts, greedy=mode == "greedy", temperature=params.temperature,
                             max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast)
         else:
             out = generate(model, tokenizer, prompts, samples, greedy=mode == "greedy", temperature=params.temperature,
-                           max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast)
+                           max_new_tokens=params.max_new_tokens, batch_size=params.batch_size, seed=seed, autocast=autocast)
         scored = score_completions(held_out, out, samples, rewards)
         correct = [score == 1.0 for score in scored[f"score_{correctness}"].to_pylist()]
         rows.append({
@@ -84,6 +86,7 @@ def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: Evaluation
             "accuracy": sum(correct) / len(correct),
             "reward_mean": sum(scored["reward"].to_pylist()) / scored.num_rows,
             "pass_at_k": pass_at_k(correct, samples),
+            "correct_per_prompt": [sum(correct[i : i + samples]) for i in range(0, len(correct), samples)],
             "correctness": correctness,
             "n_prompts": len(prompts),
             "n_samples": samples,
@@ -94,6 +97,25 @@ def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: Evaluation
             "examples": list(zip(prompts[:5], out.texts[: 5 * samples : samples], answers[:5])),
         })
     return rows
+
+
+def paired_difference(first: list[int], later: list[int], samples: int) -> tuple[float, float]:
+    """Accuracy of `later` minus that of `first` on the same prompts, and its standard error: (mean, se).
+
+    Both list each prompt's correct completions out of `samples` (`correct_per_prompt`). Each checkpoint is
+    evaluated on the same prompts with the same seed, so the per-prompt differences cancel what the prompts
+    share (an easy prompt is easy for both): the paired standard error is smaller than the two unpaired ones
+    combined, and a held-out set of a given size detects a smaller gain.
+
+    >>> paired_difference([0, 1, 1, 0], [1, 1, 2, 0], 2)
+    (0.25, 0.14433756729740643)
+    """
+    if len(first) != len(later) or not first:
+        raise ValueError(f"paired difference needs the same prompts: {len(first)} against {len(later)}")
+    differences = [(b - a) / samples for a, b in zip(first, later)]
+    mean = sum(differences) / len(differences)
+    variance = sum((d - mean) ** 2 for d in differences) / max(1, len(differences) - 1)
+    return mean, (variance / len(differences)) ** 0.5
 
 
 def _episodes(model, tokenizer, held_out: pa.Table, samples: int, rollouts: RolloutsParams, **sampling):

@@ -1,10 +1,11 @@
-"""What a compute process keeps loaded between the steps it runs: the policy, the KL reference and the carried optimizer moments.
+"""What a compute process keeps loaded between the steps it runs: the policy and the KL reference.
 
 A step asks for a checkpoint by path. It gets the model already in memory when that memory holds
 exactly that checkpoint (same id, dtype and device), else a fresh load. A process that runs one
 step starts empty and loads everything; the resident process (`rl_assets.resident`) runs a run's
 rounds with one `Loaded`, so round N+1 samples with the model round N has just trained and saved,
-and the reference and the moments stay put. Both must give the same outputs (tested: bit-identical
+and the reference stays put while training uses it (train.beta > 0). The carried AdamW moments (twice
+the weights) are not kept: each round reads them from data/run_state, so sampling never holds them. Both must give the same outputs (tested: bit-identical
 checkpoint ids), so only what equals a fresh load is kept: a full-weights policy after a round of
 the policy-gradient family, saved in the dtype it is kept in. LoRA adapters (saving merges them)
 and models from TRL's DPO/RFT trainers are loaded again from disk.
@@ -25,7 +26,6 @@ class Loaded:
     def __init__(self) -> None:
         self._policy: tuple | None = None  # (checkpoint id, dtype, device, model, tokenizer)
         self._reference: tuple | None = None  # (checkpoint id, device, model)
-        self._moments: tuple[str, dict] | None = None  # (checkpoint id they were saved with, optimizer state)
         self.engine = None  # the colocated vLLM engine (rollouts_vllm.VllmEngine), created by the first vLLM rollouts
         self.loads: Counter = Counter()  # what came from disk, e.g. {"policy": 1, "reference": 1}
 
@@ -58,15 +58,5 @@ class Loaded:
             self.loads["reference"] += 1
         return self._reference[2]
 
-    def moments(self, parent_id: str, root: Path, device: str) -> dict | None:
-        """The AdamW moments saved with checkpoint `parent_id`: in memory when this process saved them, else from data/run_state."""
-        if self._moments is not None and self._moments[0] == parent_id:
-            return self._moments[1]
-        from rl_assets.train_state import load_carried_optimizer
-
-        state = load_carried_optimizer(parent_id, root, device)
-        self.loads["optimizer_state"] += state is not None
-        return state
-
-    def keep_moments(self, state: dict, saved_id: str) -> None:
-        self._moments = (saved_id, state)
+    def drop_reference(self) -> None:
+        self._reference = None

@@ -7,6 +7,27 @@ import sys
 import warnings
 
 
+def release_freed_memory() -> None:
+    """Hand the memory a step freed back to the system before the next step allocates its own.
+
+    glibc keeps freed heap memory for reuse, and across threads and sizes it often is not reused: in a
+    resident process the next step's peak then comes on top of the last one's leftovers (0.7 GB after a
+    135M-parameter round here). `malloc_trim` is glibc's documented call for it; elsewhere this does nothing.
+    """
+    import ctypes
+    import ctypes.util
+    import gc
+
+    gc.collect()
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+    except OSError:
+        return
+    if libc is not None and hasattr(libc, "malloc_trim"):
+        libc.malloc_trim(0)
+
+
 def quiet_step() -> None:
     """A step's output is for people: no notices about libraries' own calls, progress bars only on a terminal.
 

@@ -233,7 +233,7 @@ def card_markdown(card: dict) -> str:
                if (merged := card.get("merged_from_adapters")) else []),
              f"Promoted {card['promoted_at']}; replaces `{card['previous'] or 'nothing'}`.", "",
              "## Evaluation (held out)", "",
-             f"greedy accuracy {evaluation['greedy']:.3f}, sampled accuracy {evaluation['sampled']:.3f} "
+             (f"greedy accuracy {evaluation['greedy']:.3f}, " if evaluation.get("greedy") is not None else "") + f"sampled accuracy {evaluation['sampled']:.3f} "
              f"(T={evaluation['temperature']}, {evaluation['samples_per_prompt']} samples/prompt, key {evaluation['key']})", "",
              "## Training metrics (last round)", ""]
     lines += [f"- {k}: {v:.4g}" if isinstance(v, float) else f"- {k}: {v}" for k, v in sorted(metrics.items())]
@@ -266,7 +266,8 @@ def run_promotion(params: Params, root: Path, device: str) -> tuple[dict, Path]:
     elif current is None:
         raise ValueError(f"nothing to promote: {reason}; failed guards: { {c['checkpoint']: c['failed'] for c in ranked} }")
     table = "\n".join(["| checkpoint | sampled | greedy | failed guards |", "|---|---|---|---|"] +
-                      [f"| {c['checkpoint']} | {c.get('sampled', 0):.3f} | {c.get('greedy', 0):.3f} | {', '.join(c['failed']) or '-'} |" for c in ranked])
+                      [f"| {c['checkpoint']} | {c.get('sampled', 0):.3f} | {c['greedy']:.3f} | {', '.join(c['failed']) or '-'} |"
+                       if "greedy" in c else f"| {c['checkpoint']} | {c.get('sampled', 0):.3f} | - | {', '.join(c['failed']) or '-'} |" for c in ranked])
     card = read_card(models / "promoted")
     metadata = {"promoted": promoted, "reason": reason, "checkpoint_id": card["checkpoint_id"], "source": card["source"],
                 "sampled_accuracy": card["evaluation"]["sampled"], "candidates": {"type": "md", "raw_value": table},

@@ -44,6 +44,17 @@ def episodes_markdown(rows: list[dict], count: int = 3) -> str:
     return "\n\n".join(parts)
 
 
+def gain_text(row: dict) -> str:
+    """An evaluation row's gain over r00 in points, with its paired standard error when known.
+
+    >>> gain_text({"gain": 0.125, "gain_se": 0.031}), gain_text({"gain": 0.0, "gain_se": None}), gain_text({"gain": None})
+    ('+12.5 ± 3.1p', '+0.0p', '')
+    """
+    if row.get("gain") is None:
+        return ""
+    return f"{row['gain'] * 100:+.1f}" + (f" ± {row['gain_se'] * 100:.1f}p" if row.get("gain_se") is not None else "p")
+
+
 def accuracy_plot(report: list[dict], reward_means: dict[int, float], path: Path) -> str:
     """Accuracy per checkpoint (greedy, sampled) and mean rollout reward per round, saved at `path`; returns base64 PNG."""
     import matplotlib
@@ -54,7 +65,8 @@ def accuracy_plot(report: list[dict], reward_means: dict[int, float], path: Path
     figure, axis = plt.subplots(figsize=(6, 3.5), dpi=100)
     for mode, style in (("greedy", "o-"), ("sampled", "s-")):
         points = [(int(r["checkpoint"][1:3]), r["accuracy"]) for r in report if r["mode"] == mode]
-        axis.plot(*zip(*points), style, label=f"{mode} accuracy (held out)")
+        if points:  # greedy is optional (evaluation.greedy)
+            axis.plot(*zip(*points), style, label=f"{mode} accuracy (held out)")
     if reward_means:
         axis.plot(list(reward_means), list(reward_means.values()), "^--", label="mean rollout reward")
     axis.set_xlabel("round (checkpoint rNN)")
@@ -82,13 +94,14 @@ def summary_text(root: Path = Path(".")) -> str:
         by_checkpoint.setdefault(row["checkpoint"], {"id": row["checkpoint_id"]})[row["mode"]] = row
     first = next(iter(by_checkpoint.values()))
     k = first["sampled"]["n_samples"]
-    lines = ["held-out accuracy by {} (greedy; sampled at T={:.1f}, {} samples/prompt, {} prompts){}".format(
+    lines = ["held-out accuracy by {} (greedy; sampled at T={:.1f}, {} samples/prompt, {} prompts; gain vs r00 ± paired SE){}".format(
         first["sampled"]["correctness"], first["sampled"]["temperature"], k, first["sampled"]["n_prompts"],
         f"; experiment {experiment}" if experiment else ""),
-        f"{'checkpoint':<16}{'id':<14}{'greedy':>8}{'sampled':>9}{'Δ sampled':>11}{f'pass@{k}':>9}{'reward':>8}"]
+        f"{'checkpoint':<16}{'id':<14}{'greedy':>8}{'sampled':>9}{'gain sampled':>16}{f'pass@{k}':>9}{'reward':>8}"]
     for name, entry in by_checkpoint.items():
         sampled = entry["sampled"]
-        delta = (sampled["accuracy"] - first["sampled"]["accuracy"]) * 100
-        lines.append(f"{name:<16}{entry['id'][:12]:<14}{entry['greedy']['accuracy']:>8.3f}{sampled['accuracy']:>9.3f}{delta:>+10.1f}p"
+        greedy = f"{entry['greedy']['accuracy']:>8.3f}" if "greedy" in entry else f"{'-':>8}"
+        gain = gain_text(sampled) if sampled.get("gain") is not None else f"{(sampled['accuracy'] - first['sampled']['accuracy']) * 100:+.1f}p"
+        lines.append(f"{name:<16}{entry['id'][:12]:<14}{greedy}{sampled['accuracy']:>9.3f}{gain:>16}"
                      f"{sampled['pass_at_k']:>9.3f}{sampled['reward_mean']:>8.3f}")
     return "\n".join(lines)

@@ -146,31 +146,53 @@ def use_fused_head(model, temperature: float) -> None:
     from trl.trainer.utils import add_fused_lm_head
 
     target = _innermost(model)
-    if getattr(target, "_rl_assets_fused_temperature", None) == temperature:
+    patched = getattr(target, "_rl_assets_fused", None)  # (temperature, the forward it installed)
+    # Accelerate's autocast wrapper, undone after a mixed-precision round, puts back a forward without the head.
+    if patched is not None and patched[0] == temperature and target.__dict__.get("forward") is patched[1]:
         return
     target.__dict__.pop("forward", None)
     add_fused_lm_head(target, temperature=temperature, outputs=("log_probs", "entropy"))
-    target._rl_assets_fused_temperature = temperature
+    target._rl_assets_fused = (temperature, target.__dict__["forward"])
+
+
+PLAIN_LOGITS_MAX = 2**25  # logits (rows x kept positions x vocabulary) up to which a CPU pass computes them plainly (128 MB fp32)
 
 
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
                         temperature: float = 1.0, with_entropy: bool = False):
     """Per-token log-probs of each completion given its prompt, at `temperature`.
 
-    TRL's fused LM head projects the hidden states through the head in tiles, so memory grows with
-    the completion tokens of this call, never with tokens x vocabulary. Call it through a wrapped
-    model (DDP, FSDP) so gradients synchronise; run it under the step's autocast.
+    On GPUs, and wherever the logits would pass PLAIN_LOGITS_MAX values, TRL's fused LM head projects
+    the hidden states through the head in tiles, so memory grows with the completion tokens of this
+    call, never with tokens x vocabulary. On CPU TRL's head scores every position, prompt included:
+    a small pass (the usual micro-batch) asks the model for the logits of the completion positions only
+    (`logits_to_keep`): on SmolLM2-135M the fused pass ran at 0.55-0.63x of that (bench/real_model.py). Both are exact; a pass that
+    switches between them moves a log-prob by float rounding (~1e-6). Call it through a wrapped model
+    (DDP, FSDP) so gradients synchronise; run it under the step's autocast.
     Returns (logprobs, mask), both (N, T) with T the longest completion; padding has mask 0. With
     `with_entropy`, a third (N, T) tensor holds the policy's (detached) entropy at each position.
     """
-    use_fused_head(model, temperature)
     device = next(model.parameters()).device
     input_ids, attention, labels = _right_padded(prompt_ids, completion_ids, pad_id, device)
-    out = model(input_ids=input_ids, attention_mask=attention, labels=labels, fused_lm_head=True)
-    logprobs, mask = _completion_positions(out.log_probs.float(), prompt_ids, completion_ids)  # (N, width - 1) -> (N, T)
+    width = input_ids.shape[1]
+    keep = width - min(map(len, prompt_ids)) + 1  # the positions from the shortest prompt's last token on predict completions
+    vocab = _innermost(model).config.get_text_config().vocab_size  # under DDP or FSDP: the wrapped model's
+    if device.type == "cuda" or len(prompt_ids) * keep * vocab > PLAIN_LOGITS_MAX:
+        use_fused_head(model, temperature)
+        out = model(input_ids=input_ids, attention_mask=attention, labels=labels, fused_lm_head=True)
+        token_logprobs, token_entropy = out.log_probs.float(), out.entropy
+    else:  # few enough logits: only those of the completion positions, no head on the prompt (TRL's CPU head scores them all)
+        logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits[:, :-1].float() / temperature
+        logp = torch.log_softmax(logits, dim=-1)  # (N, keep - 1, V): columns width - keep .. width - 2, each predicting the next
+        targets = labels[:, width - keep + 1 :].clamp(min=0)
+        token_logprobs = logits.new_zeros((len(prompt_ids), width - 1))  # the fused head's layout: column j predicts token j + 1
+        token_logprobs[:, width - keep :] = logp.gather(-1, targets[..., None])[..., 0]
+        token_entropy = logits.new_zeros((len(prompt_ids), width - 1))
+        token_entropy[:, width - keep :] = -(logp.exp() * logp).sum(-1).detach() if with_entropy else 0.0
+    logprobs, mask = _completion_positions(token_logprobs, prompt_ids, completion_ids)  # (N, width - 1) -> (N, T)
     if not with_entropy:
         return logprobs, mask
-    entropy, _ = _completion_positions(out.entropy.detach().float(), prompt_ids, completion_ids)
+    entropy, _ = _completion_positions(token_entropy.detach().float(), prompt_ids, completion_ids)
     return logprobs, mask, entropy
 
 

@@ -16,8 +16,9 @@ from rl_assets.storage import atomic_path
 
 SCHEMA_VERSION = 3  # 2: `extra` (JSON object of reward inputs) in raw_data, prompts and rollouts; 3: rollouts' sampler_logprobs
 # Tables whose schema moved on since; each still reads the version before it (`_UPGRADES`).
-# rollouts 4: episodes (completion_mask, turns, tool_calls, num_turns, environment, environment_rewards); evaluation 4: tool_call_rate
-TABLE_VERSIONS = {"rollouts": 4, "evaluation": 4}
+# rollouts 4: episodes (completion_mask, turns, tool_calls, num_turns, environment, environment_rewards); evaluation 4: tool_call_rate,
+# 5: correct_per_prompt, gain, gain_se
+TABLE_VERSIONS = {"rollouts": 4, "evaluation": 5}
 
 RAW_DATA = pa.schema(
     [
@@ -92,6 +93,9 @@ EVALUATION = pa.schema(
         ("temperature", pa.float64()),
         ("seed", pa.int64()),
         ("tool_call_rate", pa.float64()),  # episodes with at least one tool call; null without tools
+        ("correct_per_prompt", pa.list_(pa.int32())),  # correct completions of each held-out prompt, in prompt order
+        ("gain", pa.float64()),  # accuracy minus r00's in the same mode (paired: same prompts, same seed)
+        ("gain_se", pa.float64()),  # its paired standard error; null for r00 or evaluations made before it was recorded
     ]
 )
 
@@ -129,11 +133,15 @@ def _single_turn(table: pa.Table) -> pa.Table:
     return table
 
 
-def _without_tools(table: pa.Table) -> pa.Table:
-    return table.append_column(EVALUATION.field("tool_call_rate"), pa.nulls(table.num_rows, pa.float64()))
+def _evaluation_columns(table: pa.Table) -> pa.Table:
+    """An evaluation table of v3 or v4 as v5: the columns added since are null (not recorded then)."""
+    for field in EVALUATION:
+        if field.name not in table.column_names:
+            table = table.append_column(field, pa.nulls(table.num_rows, field.type))
+    return table.select(EVALUATION.names)
 
 
-_UPGRADES = {("rollouts", "3"): _single_turn, ("evaluation", "3"): _without_tools}
+_UPGRADES = {("rollouts", "3"): _single_turn, ("evaluation", "3"): _evaluation_columns, ("evaluation", "4"): _evaluation_columns}
 
 
 def write_table(table: pa.Table, path: str | Path, schema: pa.Schema, name: str, lineage: dict | None = None) -> Path:

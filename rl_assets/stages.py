@@ -22,7 +22,7 @@ from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
 from rl_assets.config import EPISODE_KEYS, Params
 from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix, train_state_dir
 from rl_assets.precision import compute_autocast, resolve_mixed_precision, weights_dtype
-from rl_assets.reports import accuracy_plot, episodes_markdown, markdown_table
+from rl_assets.reports import accuracy_plot, episodes_markdown, gain_text, markdown_table
 from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, table_lineage, write_table
 from rl_assets.stage_code import stage_lineage
 from rl_assets.storage import file_hash
@@ -141,7 +141,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
 
         ref_model = loaded.reference(base, device) if train.beta > 0 else None
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
-        carried = parent_moments(parent, root, device, loaded) if train.carry_optimizer_state else None
+        carried = parent_moments(parent, root, device) if train.carry_optimizer_state else None
         model, metrics, history, optimizer_state = train_on_rollouts(
             model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
             temperature=params.rollouts.temperature,
@@ -154,6 +154,8 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
 
     metrics["kl"] = reference_kl(model.to(device), loaded.reference(base, device), rollouts, pad_id=tokenizer.pad_token_id,
                                  temperature=params.rollouts.temperature)
+    if not train.beta > 0:  # only this metric needs it: not kept through the next round's sampling and training (memory)
+        loaded.drop_reference()
     carries = optimizer_state is not None and train.carry_optimizer_state
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
                "carries_optimizer_state": carries,  # its moments are in data/run_state: the next round must continue them
@@ -165,20 +167,20 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora)
     if carries:  # a later process (or a rerun after a crash) reads it; the moments of checkpoints no longer on disk go
         save_carried_optimizer(optimizer_state, saved_id, round_number, root, keep=current_checkpoint_ids(params.rounds, root))
-        loaded.keep_moments(optimizer_state, saved_id)
+    del optimizer_state  # twice the weights' size: read back from disk by the next round, not held through its sampling
     if keep:
         loaded.keep_policy(model, tokenizer, saved_id, device, dtype)
     shutil.rmtree(train_state_dir(round_number, root), ignore_errors=True)  # the round is done; its resume points are not needed
     return metrics
 
 
-def parent_moments(parent: Path, root: Path, device: str, loaded: Loaded) -> dict | None:
+def parent_moments(parent: Path, root: Path, device: str) -> dict | None:
     """The AdamW moments `parent` was saved with (None when it carried none: r00, DPO/RFT, carry off);
     raises MissingRunState when it did and they are gone: training on without them would make another model."""
-    from rl_assets.train_state import MissingRunState, carried_optimizer_path
+    from rl_assets.train_state import MissingRunState, carried_optimizer_path, load_carried_optimizer
 
     card = read_lineage(parent)
-    moments = loaded.moments(card["checkpoint_id"], root, device)
+    moments = load_carried_optimizer(card["checkpoint_id"], root, device)
     if moments is None and card.get("carries_optimizer_state"):
         raise MissingRunState(
             f"{parent} was trained with train.carry_optimizer_state and its AdamW moments are gone "
@@ -217,7 +219,7 @@ def with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, d
 
 def run_evaluation(params: Params, root: Path, device: str) -> dict:
     """evaluation: every checkpoint r00..rR on the held-out prompts, greedy and sampled."""
-    from rl_assets.evaluation import evaluated
+    from rl_assets.evaluation import evaluated, paired_difference
     from rl_assets.tracking import write_round_plots
 
     report, examples, reused = [], [], 0
@@ -228,22 +230,29 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
         for row in rows:
             examples += [[checkpoint_key(round_number), row["mode"], *e] for e in row.pop("examples")[:3]]
             report.append({"checkpoint": checkpoint_key(round_number), "checkpoint_id": checkpoint_id(path), **row})
+    first = {r["mode"]: r for r in report if r["checkpoint"] == checkpoint_key(0)}
+    for row in report:
+        base = first.get(row["mode"])
+        row["gain"] = row["accuracy"] - base["accuracy"] if base else None
+        if base and row is not base and base.get("correct_per_prompt") and row.get("correct_per_prompt"):
+            row["gain_se"] = paired_difference(base["correct_per_prompt"], row["correct_per_prompt"], row["n_samples"])[1]
     table = pa.Table.from_pylist(report, schema=EVALUATION)
     write_table(table, output_path("evaluation", root), EVALUATION, "evaluation",
                 lineage=stage_lineage("evaluation", params, ["seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS]))
     summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_{metric}": round(r[metric], 4)
-               for r in report for metric in ("accuracy", "reward_mean", "pass_at_k")}
+               for r in report for metric in ("accuracy", "reward_mean", "pass_at_k", "gain", "gain_se") if r.get(metric) is not None}
     import json
 
     (root / EVALUATION_METRICS).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
     write_round_plots(root)
     reward_means = {n: read_lineage(output_path(checkpoint_key(n), root))["metrics"]["reward_mean"] for n in range(1, params.rounds + 1)}
     plot = accuracy_plot(report, reward_means, root / EVALUATION_PLOT)
-    accuracy_rows = [[r["checkpoint"], r["mode"], f"{r['accuracy']:.3f}", f"{r['pass_at_k']:.3f}", f"{r['reward_mean']:.3f}",
+    accuracy_rows = [[r["checkpoint"], r["mode"], f"{r['accuracy']:.3f}", gain_text(r), f"{r['pass_at_k']:.3f}", f"{r['reward_mean']:.3f}",
                       r["n_prompts"] * r["n_samples"]] for r in report]
     return {
         **summary, "checkpoints_evaluated_before": reused,
-        "accuracy": {"type": "md", "raw_value": markdown_table(["checkpoint", "mode", f"accuracy ({report[0]['correctness']})", "pass@k", "mean reward", "completions"], accuracy_rows)},
+        "accuracy": {"type": "md", "raw_value": markdown_table(["checkpoint", "mode", f"accuracy ({report[0]['correctness']})", "gain vs r00 (± paired SE)", "pass@k", "mean reward",
+                                                                     "completions"], accuracy_rows)},
         "plot": {"type": "md", "raw_value": f"![accuracy and reward per round](data:image/png;base64,{plot})"},
         "examples": {"type": "md", "raw_value": markdown_table(["checkpoint", "mode", "prompt", "completion", "answer"], examples)},
     }
@@ -258,11 +267,14 @@ def run_stage(stage: str, params: Params, round_number: int | None, root: Path, 
     # and the heartbeat (read by /health and `rl-assets status`) shapes no output.
     from rl_assets.heartbeat import Heartbeat
     from rl_assets.loaded import Loaded
-    from rl_assets.process import quiet_step
+    from rl_assets.process import quiet_step, release_freed_memory
 
     quiet_step()
-    with Heartbeat(root, stage, round_number):
-        return _run_stage(stage, params, round_number, root, loaded or Loaded())
+    try:
+        with Heartbeat(root, stage, round_number):
+            return _run_stage(stage, params, round_number, root, loaded or Loaded())
+    finally:
+        release_freed_memory()  # the next step's peak starts from what is in use, not from this step's leftovers
 
 
 def _run_stage(stage: str, params: Params, round_number: int | None, root: Path, loaded: Loaded) -> tuple[dict, Path]:

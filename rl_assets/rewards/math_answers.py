@@ -51,6 +51,9 @@ def _last_boxed(text: str) -> str | None:
 
 
 _ALONE = re.compile(rf"\s*(?:[-−+]?(?:{_UNSIGNED})(?:/(?:{_UNSIGNED}))?)\s*\.?\s*")
+# A last line that states its final number as the answer: "4 + 18 = 22.", "The answer is 22", "answer: 22", "... equals 22".
+_STATED = re.compile(rf"(?:=|\banswer\s+is|\banswer\s*:|\bresult\s+is|\bequals)\s*(?:[-−+]?(?:{_UNSIGNED})(?:/(?:{_UNSIGNED}))?)\s*\.?\s*$",
+                     re.IGNORECASE)
 
 
 def extract_answer(text: str, pick: Literal["final", "first", "strict"] = "final") -> Fraction | None:
@@ -58,8 +61,9 @@ def extract_answer(text: str, pick: Literal["final", "first", "strict"] = "final
 
     `final`: the last \\boxed{...}, else the number after GSM8K's last `####`, else the last number.
     `first`: the first number anywhere (the embedded arithmetic task answers with a bare number).
-    `strict`: only an answer given as one: the last \\boxed{...}, the number after the last `####`, or a
-    number alone on the last non-empty line; a number that merely comes last in prose is no answer.
+    `strict`: only an answer given as one: the last \\boxed{...}, the number after the last `####`, or the
+    last non-empty line being a number alone or ending with one stated as the result (`= 22`, `the answer is 22`,
+    `answer: 22`, `equals 22`); a number that merely comes last in prose is no answer.
 
     >>> [extract_answer(t) for t in ["so \\\\boxed{-\\\\frac{1}{2}}.", "3 + 4 = 7\\n#### 1,207", "about 2.50 dollars", "none"]]
     [Fraction(-1, 2), Fraction(1207, 1), Fraction(5, 2), None]
@@ -67,6 +71,8 @@ def extract_answer(text: str, pick: Literal["final", "first", "strict"] = "final
     Fraction(7, 1)
     >>> [extract_answer(t, pick="strict") for t in ["4 means 'thirty-four' in Java Math.", "so it is\\n34.", "#### 34", "\\\\boxed{34}"]]
     [None, Fraction(34, 1), Fraction(34, 1), Fraction(34, 1)]
+    >>> [extract_answer(t, pick="strict") for t in ["4 + 18 = 22.", "The answer is 22", "4 + 18 is 22 (9).", "= 22\\nIt is a classic."]]
+    [Fraction(22, 1), Fraction(22, 1), None, None]
     """
     if pick == "first":
         numbers = _numbers(text)
@@ -81,7 +87,7 @@ def extract_answer(text: str, pick: Literal["final", "first", "strict"] = "final
         return numbers[0] if numbers else None
     if pick == "strict":
         lines = [line for line in _normalize(text).splitlines() if line.strip()]
-        return _numbers(lines[-1])[0] if lines and _ALONE.fullmatch(lines[-1]) else None
+        return _numbers(lines[-1])[-1] if lines and (_ALONE.fullmatch(lines[-1]) or _STATED.search(lines[-1])) else None
     numbers = _numbers(text)
     return numbers[-1] if numbers else None
 

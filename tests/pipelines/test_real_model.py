@@ -67,3 +67,26 @@ def test_the_trained_model_generates_and_serves_a_chat(real_project, monkeypatch
                                                            "max_tokens": 8}, timeout=600)
     assert answer.status_code == 200, answer.text
     assert answer.json()["model"] == read_lineage(project / "data/r01/checkpoint")["checkpoint_id"]
+
+
+def test_the_smollm2_example_holds_out_enough_prompts_and_cannot_be_fooled_by_a_stray_number(real_project):
+    """examples/smollm2/params.yaml (`make real`): its held-out set is large enough for a 10-point gain to stand out
+    (>= 150 prompts, each checkpoint on the same prompts and seed: the paired SE), and its reward takes stated answers only."""
+    from transformers import AutoTokenizer
+
+    from rl_assets.config import load_params
+    from rl_assets.prompts import build_prompts
+    from rl_assets.raw_data import load_raw_data
+    from rl_assets.rewards.math_answers import math_answer
+
+    project, _, _ = real_project
+    params = load_params(REPO / "examples/smollm2/params.yaml")
+    assert params.model.name_or_path == "base_models/smollm2-135m-instruct"  # what `make real-model` imports
+    raw, _ = load_raw_data(params.raw_data, params.seed, REPO)
+    prompts, _ = build_prompts(raw, params.prompts, AutoTokenizer.from_pretrained(project / "base_models/smollm2"))
+    held_out = prompts.filter(prompts["split"].to_numpy(zero_copy_only=False) == "eval")
+    assert held_out.num_rows >= params.evaluation.max_prompts >= 150
+    assert prompts["prompt"][0].as_py().startswith("<|im_start|>user\n")  # no default system turn: 20 tokens less per prompt
+    assert params.evaluation.greedy is False and params.rewards.functions[0].options == {"pick": "strict"}
+    stated = ["4 + 18 = 22", "The answer is 22.", "22", "4 means 'twenty-two' in 22 ways.", "22 + 0 = 22\nIt is a classic example"]
+    assert math_answer(stated, ["22"] * 5, pick="strict") == [1.0, 1.0, 1.0, 0.0, 0.0]

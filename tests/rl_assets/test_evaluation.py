@@ -65,6 +65,7 @@ def test_accuracy_is_the_configured_reward_not_the_first_number(monkeypatch):
     _, sampled = evaluate_checkpoint(None, None, held_out, EvaluationParams(samples_per_prompt=2, correctness="math_answer"), 0, rewards)
     assert sampled["accuracy"] == 0.75 and sampled["pass_at_k"] == 1.0 and sampled["correctness"] == "math_answer"
     assert sampled["reward_mean"] == pytest.approx((1 + 0 + 1.5 + 1.5) / 4)
+    assert sampled["correct_per_prompt"] == [1, 2]  # what the paired standard error is computed from
     _, by_default = evaluate_checkpoint(None, None, held_out, EvaluationParams(samples_per_prompt=2), 0, rewards)
     assert by_default["correctness"] == "format_regex" and by_default["accuracy"] == 0.5  # the first function, unless told
 
@@ -86,7 +87,41 @@ def test_summary_text(tmp_path):
             for m, a, n, t in [("greedy", base, 1, 0.0), ("sampled", base / 2, 4, 1.0)]]
     write_table(pa.Table.from_pylist(rows, schema=EVALUATION), output_path("evaluation", tmp_path), EVALUATION, "evaluation")
     lines = summary_text(tmp_path).splitlines()
-    assert lines[0] == "held-out accuracy by arithmetic_answer (greedy; sampled at T=1.0, 4 samples/prompt, 8 prompts)"
+    assert lines[0] == "held-out accuracy by arithmetic_answer (greedy; sampled at T=1.0, 4 samples/prompt, 8 prompts; gain vs r00 ± paired SE)"
     assert lines[1].split()[-2:] == ["pass@4", "reward"]
     assert lines[2].split() == ["r00/checkpoint", "aaaaaaaaaaaa", "0.250", "0.125", "+0.0p", "0.250", "0.125"]
     assert lines[3].split() == ["r01/checkpoint", "bbbbbbbbbbbb", "0.500", "0.250", "+12.5p", "0.500", "0.250"]
+
+
+def test_greedy_is_optional(monkeypatch):
+    held_out = eval_prompts(prompts_table([("2 times 6?", "12")], ["eval"]), EvaluationParams())
+    calls = []
+    scripted = _scripted_generate(["12", "13"])
+    monkeypatch.setattr("rl_assets.evaluation.generate", lambda *a, **k: calls.append(k["greedy"]) or scripted(*a, **k))
+    rows = evaluate_checkpoint(None, None, held_out, EvaluationParams(samples_per_prompt=2, greedy=False), 0, ARITHMETIC)
+    assert [r["mode"] for r in rows] == ["sampled"] and calls == [False]  # no greedy pass is generated at all
+    assert rows[0]["correct_per_prompt"] == [1] and rows[0]["accuracy"] == 0.5
+
+
+def test_paired_standard_error_is_smaller_than_unpaired():
+    """Prompts that are hard for both checkpoints cancel: the paired SE is what a 150-prompt set can resolve."""
+    from rl_assets.evaluation import paired_difference
+
+    first = [0, 0, 4, 4, 1, 3] * 25  # 150 prompts, 4 samples each
+    later = [1, 0, 4, 4, 2, 4] * 25
+    gain, se = paired_difference(first, later, 4)
+    assert gain == pytest.approx(3 / 24)
+    unpaired = sum(((x / 4 - sum(v) / len(v) / 4) ** 2 for v in (first, later) for x in v)) / (len(first) - 1) / len(first)
+    assert se < unpaired ** 0.5 / 3
+    with pytest.raises(ValueError, match="same prompts: 150 against 149"):
+        paired_difference(first, later[:-1], 4)
+
+
+def test_summary_text_with_gain_and_no_greedy(tmp_path):
+    rows = [{"checkpoint": c, "checkpoint_id": c[:3] * 4, "mode": "sampled", "accuracy": a, "reward_mean": a, "pass_at_k": a,
+             "correctness": "math_answer", "n_prompts": 150, "n_samples": 2, "mean_completion_tokens": 6.0, "temperature": 0.7, "seed": 0,
+             "gain": g, "gain_se": se} for c, a, g, se in [("r00/checkpoint", 0.3, 0.0, None), ("r01/checkpoint", 0.45, 0.15, 0.032)]]
+    write_table(pa.Table.from_pylist(rows, schema=EVALUATION), output_path("evaluation", tmp_path), EVALUATION, "evaluation")
+    lines = summary_text(tmp_path).splitlines()
+    assert lines[2].split() == ["r00/checkpoint", "r00r00r00r00", "-", "0.300", "+0.0p", "0.300", "0.300"]
+    assert lines[3].split() == ["r01/checkpoint", "r01r01r01r01", "-", "0.450", "+15.0", "±", "3.2p", "0.450", "0.450"]

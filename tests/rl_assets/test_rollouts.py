@@ -27,8 +27,12 @@ def naive_logprobs(model, prompt: list[int], completion: list[int], temperature:
     return [logprobs[len(prompt) - 1 + j, token].item() for j, token in enumerate(completion)]
 
 
+@pytest.mark.parametrize("head", ["plain", "fused"])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
-def test_completion_logprobs_match_one_sequence_at_a_time(temperature):
+def test_completion_logprobs_match_one_sequence_at_a_time(temperature, head, monkeypatch):
+    """Both ways to the log-probs are exact: the completion positions' logits (a small pass on CPU) and TRL's fused head."""
+    if head == "fused":
+        monkeypatch.setattr("rl_assets.rollouts.PLAIN_LOGITS_MAX", 0)
     tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
     prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS]
     completion_ids = [[5, 6, 2], [7], [8, 9, 10, 11, 12], []]  # ragged lengths force right padding; one empty
@@ -40,6 +44,24 @@ def test_completion_logprobs_match_one_sequence_at_a_time(temperature):
         expected = naive_logprobs(tiny_model, p, c, temperature)
         assert logprobs[i, : len(c)].tolist() == pytest.approx(expected, abs=1e-5)
         assert (logprobs[i, len(c):] == 0).all()
+
+
+def test_both_heads_give_the_same_entropy_and_gradients(monkeypatch):
+    from rl_assets_support import new_tiny_model
+
+    tokenizer = build_tiny_tokenizer()
+    prompt_ids = [tokenizer(p)["input_ids"] for p in PROMPTS[:3]]
+    completion_ids = [[5, 6, 2], [7], [8, 9, 10, 11, 12]]
+    results = []
+    for budget in (2**25, 0):  # plain, then fused
+        monkeypatch.setattr("rl_assets.rollouts.PLAIN_LOGITS_MAX", budget)
+        model = new_tiny_model(0)  # a fresh one each: a deep copy of a patched model would run the original's forward
+        logprobs, mask, entropy = completion_logprobs(model, prompt_ids, completion_ids, tokenizer.pad_token_id, 0.7, with_entropy=True)
+        (logprobs * mask).sum().backward()
+        results.append((logprobs.detach(), entropy, {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}))
+    (plain_lp, plain_entropy, plain_grads), (fused_lp, fused_entropy, fused_grads) = results
+    assert torch.allclose(plain_lp, fused_lp, atol=1e-5) and torch.allclose(plain_entropy, fused_entropy, atol=1e-5)
+    assert plain_grads.keys() == fused_grads.keys() and all(torch.allclose(plain_grads[n], fused_grads[n], atol=1e-5) for n in plain_grads)
 
 
 def test_completion_logprobs_keep_the_graph_for_training():

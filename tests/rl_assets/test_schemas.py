@@ -36,7 +36,8 @@ SAMPLES = {
     "evaluation": (EVALUATION, [
         {"checkpoint": "r00/checkpoint", "checkpoint_id": "id0", "mode": "greedy", "accuracy": 0.25, "reward_mean": 0.3,
          "pass_at_k": 0.25, "correctness": "arithmetic_answer", "n_prompts": 8,
-         "n_samples": 1, "mean_completion_tokens": 3.5, "temperature": 0.0, "seed": 0, "tool_call_rate": 0.5},
+         "n_samples": 1, "mean_completion_tokens": 3.5, "temperature": 0.0, "seed": 0, "tool_call_rate": 0.5,
+         "correct_per_prompt": [1, 0, 0, 1, 0, 0, 0, 0], "gain": 0.125, "gain_se": 0.0625},
     ]),
     "rewards": (rewards_schema(["arithmetic_answer", "answer_format"]), [
         {"round": 1, "prompt_id": "p", "sample_idx": 0, "policy_id": "ckpt", "reward": 1.5, "reward_config_hash": "r",
@@ -154,8 +155,12 @@ def test_a_single_turn_rollouts_table_of_v3_still_reads_as_one_turn_each(tmp_pat
 
 
 def test_an_evaluation_table_of_v3_reads_without_a_tool_call_rate(tmp_path):
-    rows = [{k: v for k, v in SAMPLES["evaluation"][1][0].items() if k != "tool_call_rate"}]
-    path = tmp_path / "evaluation.parquet"
-    old = pa.schema([f for f in EVALUATION if f.name != "tool_call_rate"])
-    pq.write_table(pa.Table.from_pylist(rows, schema=old).replace_schema_metadata({b"rl_assets.schema": b"evaluation", b"rl_assets.schema_version": b"3"}), path)
-    assert read_table(path, "evaluation").to_pylist() == [{**rows[0], "tool_call_rate": None}]
+    added = {"tool_call_rate": None, "correct_per_prompt": None, "gain": None, "gain_se": None}  # v4, then v5
+    for version, missing in (("3", added), ("4", {k: None for k in list(added)[1:]})):
+        rows = [{k: v for k, v in SAMPLES["evaluation"][1][0].items() if k not in missing}]
+        path = tmp_path / f"evaluation-v{version}.parquet"
+        old = pa.schema([f for f in EVALUATION if f.name not in missing])
+        pq.write_table(pa.Table.from_pylist(rows, schema=old).replace_schema_metadata({b"rl_assets.schema": b"evaluation",
+                                                                                       b"rl_assets.schema_version": version.encode()}), path)
+        back = read_table(path, "evaluation")
+        assert back.schema.names == EVALUATION.names and back.to_pylist() == [{**rows[0], **missing}]

@@ -352,6 +352,27 @@ def test_carried_optimizer_state_continues_adam_instead_of_starting_fresh(rollou
     assert any(not torch.allclose(a[k], c[k], atol=1e-6) for k in a)
 
 
+def test_carried_moments_are_loaded_without_a_step_of_zeros(rollouts):
+    """torch's set_optimizer_state_dict first steps the optimizer on zero gradients to allocate its state: moments and
+    gradients as large as the weights again, at the moment the carried ones are in memory too (1.5 GB more at the peak
+    for a 135M model). One process, no FSDP: the carried tensors are taken as they are, and only training steps run."""
+    from torch.optim.optimizer import register_optimizer_step_pre_hook
+
+    params = TRAIN.model_copy(update={"learning_rate": 1e-3, "carry_optimizer_state": True})
+    rewards = rewards_for(rollouts, [1.0, 0.0, 0.5, 0.0])
+    run = lambda model, state=None: train_on_rollouts(model, rollouts, rewards, params, group_size=2, temperature=TEMPERATURE,  # noqa: E731
+                                                      pad_id=0, seed=0, max_new_tokens=4, optimizer_state=state, progress=False)
+    model, _, _, state = run(new_tiny_model(0))
+    steps = []
+    handle = register_optimizer_step_pre_hook(lambda optimizer, args, kwargs: steps.append(optimizer))
+    try:
+        _, metrics, _, carried = run(model, state)
+    finally:
+        handle.remove()
+    assert len(steps) == metrics["steps"] == 1
+    assert all(carried["state"][k]["exp_avg"] is state["state"][k]["exp_avg"] for k in state["state"])  # the same memory, continued
+
+
 def _with_sampler_logprobs(rollouts, shift: float):
     """The table as vLLM would have stored it: its own log-probs, `shift` below the trainer's recomputed ones."""
     column = pa.array([[v - shift for v in row] for row in rollouts["logprobs"].to_pylist()], type=pa.list_(pa.float32()))
@@ -421,3 +442,14 @@ def test_whole_copy_rebuilds_a_plain_model_from_gathered_weights():
     ids = torch.tensor([[1, 5, 6, 7]])
     with torch.no_grad():
         assert torch.equal(copy(input_ids=ids).logits, model(input_ids=ids).logits)
+
+
+def test_a_mixed_precision_round_leaves_the_fused_head_for_the_next_rounds_log_probs(rollouts, fresh_accelerator_state, monkeypatch):
+    """A resident run samples round N+1 with the model round N trained: after a bf16 round Accelerate's autocast wrapper is
+    undone, which took TRL's fused head with it; the next log-prob pass failed ('CausalLMOutputWithPast' has no log_probs)."""
+    monkeypatch.setattr("rl_assets.rollouts.PLAIN_LOGITS_MAX", 0)  # the fused head, as a GPU or a large vocabulary uses it
+    model, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0], TRAIN.model_copy(update={"mixed_precision": "bf16"}))
+    prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist()
+    with torch.no_grad():
+        logprobs, mask = completion_logprobs(model, prompt_ids, completion_ids, 0, TEMPERATURE)
+    assert logprobs.shape == mask.shape and torch.isfinite(logprobs).all()
