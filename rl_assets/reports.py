@@ -94,8 +94,8 @@ def summary_text(root: Path = Path(".")) -> str:
         by_checkpoint.setdefault(row["checkpoint"], {"id": row["checkpoint_id"]})[row["mode"]] = row
     first = next(iter(by_checkpoint.values()))
     k = first["sampled"]["n_samples"]
-    lines = ["held-out accuracy by {} (greedy; sampled at T={:.1f}, {} samples/prompt, {} prompts; gain vs r00 ± paired SE){}".format(
-        first["sampled"]["correctness"], first["sampled"]["temperature"], k, first["sampled"]["n_prompts"],
+    lines = ["held-out accuracy by {} ({}sampled at T={:.1f}, {} samples/prompt, {} prompts; gain vs r00 ± paired SE){}".format(
+        first["sampled"]["correctness"], "greedy; " if "greedy" in first else "", first["sampled"]["temperature"], k, first["sampled"]["n_prompts"],
         f"; experiment {experiment}" if experiment else ""),
         f"{'checkpoint':<16}{'id':<14}{'greedy':>8}{'sampled':>9}{'gain sampled':>16}{f'pass@{k}':>9}{'reward':>8}"]
     for name, entry in by_checkpoint.items():

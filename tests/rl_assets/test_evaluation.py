@@ -123,5 +123,6 @@ def test_summary_text_with_gain_and_no_greedy(tmp_path):
              "gain": g, "gain_se": se} for c, a, g, se in [("r00/checkpoint", 0.3, 0.0, None), ("r01/checkpoint", 0.45, 0.15, 0.032)]]
     write_table(pa.Table.from_pylist(rows, schema=EVALUATION), output_path("evaluation", tmp_path), EVALUATION, "evaluation")
     lines = summary_text(tmp_path).splitlines()
+    assert lines[0] == "held-out accuracy by math_answer (sampled at T=0.7, 2 samples/prompt, 150 prompts; gain vs r00 ± paired SE)"
     assert lines[2].split() == ["r00/checkpoint", "r00r00r00r00", "-", "0.300", "+0.0p", "0.300", "0.300"]
     assert lines[3].split() == ["r01/checkpoint", "r01r01r01r01", "-", "0.450", "+15.0", "±", "3.2p", "0.450", "0.450"]
