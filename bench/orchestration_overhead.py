@@ -50,7 +50,7 @@ PLAIN = """
 from pathlib import Path
 from rl_assets.config import load_params
 from rl_assets.loaded import Loaded
-from rl_assets.paths import output_path
+from rl_assets.paths import data_dir, output_path
 from rl_assets.prompts import build_prompts
 from rl_assets.raw_data import load_raw_data
 from rl_assets.schemas import PROMPTS, RAW_DATA, write_table
@@ -59,9 +59,9 @@ from rl_assets.tokenizer import load_tokenizer
 
 params, root, loaded = load_params("params.yaml"), Path("."), Loaded()
 raw, _ = load_raw_data(params.raw_data, params.seed)
-write_table(raw, output_path("raw_data"), RAW_DATA, "raw_data")
+write_table(raw, output_path("raw_data", data_dir(params.experiment)), RAW_DATA, "raw_data")
 prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model))
-write_table(prompts, output_path("prompts"), PROMPTS, "prompts")
+write_table(prompts, output_path("prompts", data_dir(params.experiment)), PROMPTS, "prompts")
 run_stage("sft", params, None, root, loaded)
 for n in range(1, params.rounds + 1):
     for stage in ("rollouts", "rewards", "train"):

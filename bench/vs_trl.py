@@ -174,13 +174,14 @@ def trl_worker(args: argparse.Namespace) -> None:
     from rl_assets.config import load_params
     from rl_assets.evaluation import eval_prompts, evaluate_checkpoint
     from rl_assets.models import load_policy, pick_device
-    from rl_assets.paths import checkpoint_key, output_path
+    from rl_assets.paths import checkpoint_key, data_dir, output_path
     from rl_assets.rewards import resolve_reward_function
     from rl_assets.rollouts import choose_prompts
     from rl_assets.schemas import read_table
 
     params = load_params("params.yaml")
-    prompts = read_table(output_path("prompts"), "prompts")
+    data = data_dir(params.experiment)
+    prompts = read_table(output_path("prompts", data), "prompts")
     held_out = eval_prompts(prompts, params.evaluation)
     rows = []
     for n in range(1, args.max_rounds + 1):  # the prompts our round n draws, in order: TRL's n-th generation batch
@@ -189,7 +190,7 @@ def trl_worker(args: argparse.Namespace) -> None:
                  zip(chosen["prompt"].to_pylist(), chosen["answer"].to_pylist(), chosen["prompt_id"].to_pylist())]
     prompts_per_round = len(rows) // args.max_rounds
     device = pick_device(params.compute.device)
-    model, tokenizer = load_policy(output_path(checkpoint_key(0)), device)
+    model, tokenizer = load_policy(output_path(checkpoint_key(0), data), device)
     model.train()
     config, steps_per_round = grpo_config(params, prompts_per_round, args.max_rounds, str(Path(args.out).parent / "trl-output"), device)
     rewards = [resolve_reward_function(f.name, f.options) for f in params.rewards.functions]

@@ -11,12 +11,12 @@ from typing import Iterator
 from collections import Counter
 from pathlib import Path
 
-from dagster import AssetExecutionContext, AssetKey, AssetSpec, Backoff, MaterializeResult, MetadataValue, RetryPolicy, asset
+from dagster import AssetExecutionContext, AssetSpec, Backoff, MaterializeResult, MetadataValue, RetryPolicy, asset
 
 from pipelines.checks import guard_specs
-from pipelines.steps import ParamsResource, load_project_params, materialized, written_keys
+from pipelines.steps import ParamsResource, asset_key, load_project_params, materialized, written_keys
 from rl_assets.config import EPISODE_KEYS
-from rl_assets.paths import checkpoint_key, output_path
+from rl_assets.paths import checkpoint_key, data_dir, output_path
 
 def compute_tags() -> dict:
     """Op tags of a compute step: its GPU need, which dagster-k8s turns into an nvidia.com/gpu request."""
@@ -74,11 +74,12 @@ def raw_inputs() -> list[str]:
 
 
 @asset(
+    key_prefix=asset_key("raw_data").path[:-1],  # experiments/<name> for any experiment but the default
     group_name="data",
     kinds={"parquet"},
     description="Every configured source (JSONL/CSV/Parquet/datasets files, seeded generators) merged into one table with source and hash per row.",
     **stage_tracking("raw_data", ["seed", "raw_data"], raw_inputs()),
-    check_specs=guard_specs("raw_data"),
+    check_specs=guard_specs(asset_key("raw_data")),
 )
 def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
     from rl_assets.raw_data import load_raw_data
@@ -86,7 +87,7 @@ def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator
 
     p = params.load()
     table, dropped = load_raw_data(p.raw_data, p.seed)  # raises before anything is written
-    path = write_table(table, output_path("raw_data"), RAW_DATA, "raw_data")
+    path = write_table(table, output_path("raw_data", data_dir(p.experiment)), RAW_DATA, "raw_data")
     counts = Counter(table["source"].to_pylist())
     sample = "\n".join(f"- `{message}`" for message in dropped[:10]) or "none"
     yield from materialized(context, params, path, {"rows": table.num_rows, "rows_per_source": dict(counts), "dropped_bad_rows": len(dropped),
@@ -94,12 +95,13 @@ def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator
 
 
 @asset(
+    key_prefix=asset_key("prompts").path[:-1],
     deps=[raw_data],
     group_name="data",
     kinds={"parquet"},
     description="Deduplicated prompts with a stable hash-based sft/rl/eval split and a token-length filter.",
     **stage_tracking("prompts", ["prompts", "model.name_or_path"]),
-    check_specs=guard_specs("prompts"),
+    check_specs=guard_specs(asset_key("prompts")),
 )
 def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
     from rl_assets.prompts import build_prompts
@@ -107,8 +109,9 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[
     from rl_assets.tokenizer import load_tokenizer
 
     p = params.load()
-    table, dropped = build_prompts(read_table(output_path("raw_data"), "raw_data"), p.prompts, load_tokenizer(p.model))
-    path = write_table(table, output_path("prompts"), PROMPTS, "prompts")
+    data = data_dir(p.experiment)
+    table, dropped = build_prompts(read_table(output_path("raw_data", data), "raw_data"), p.prompts, load_tokenizer(p.model))
+    path = write_table(table, output_path("prompts", data), PROMPTS, "prompts")
     splits = Counter(table["split"].to_pylist())
     yield from materialized(context, params, path, {"rows": table.num_rows, **{f"split_{s}": splits[s] for s in ("sft", "rl", "eval")},
                                         "dropped_duplicates": dropped["duplicates"], "dropped_too_long": dropped["too_long"],
@@ -116,14 +119,14 @@ def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[
 
 
 def base_checkpoint_spec() -> AssetSpec:
-    return AssetSpec(AssetKey(["r00", "checkpoint"]), deps=[prompts], group_name="r00", kinds={"pytorch"},
+    return AssetSpec(asset_key(checkpoint_key(0)), deps=[prompts], group_name="r00", kinds={"pytorch"},
                      description="The base policy (embedded tiny model or any HF causal LM), warm-started with TRL's SFTTrainer.",
                      **base_checkpoint_tracking())
 
 
 def evaluation_spec(rounds: int) -> AssetSpec:
     """Every checkpoint r00..rR on the held-out prompts; depends on all of them."""
-    return AssetSpec("evaluation", deps=[AssetKey(checkpoint_key(n).split("/")) for n in range(rounds + 1)] + [prompts],
+    return AssetSpec(asset_key("evaluation"), deps=[asset_key(checkpoint_key(n)) for n in range(rounds + 1)] + [prompts],
                      group_name="evaluation", kinds={"parquet"},
                      description="Greedy and sampled accuracy of every checkpoint on held-out prompts, with a per-round plot.",
                      **stage_tracking("evaluation", ["seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS]))

@@ -20,16 +20,17 @@ from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetK
 from pipelines.pipes_child import GUARD_DESCRIPTION
 from rl_assets.config import Params
 from rl_assets.output_guards import GuardFailed, GuardResult, evaluate_guards, guard_table, stop_if_blocked
+from rl_assets.paths import asset_key_path, output_key
 
 
-def guard_specs(key: str) -> list[AssetCheckSpec]:
-    """The check specs an asset declares: one per guard, blocking where a failure must stop the run."""
-    asset_key = AssetKey(key.split("/"))
-    return [AssetCheckSpec(name, asset=asset_key, blocking=blocking, description=text) for name, (blocking, text) in guard_table(key).items()]
+def guard_specs(asset_key: AssetKey) -> list[AssetCheckSpec]:
+    """The check specs an asset declares: one per guard of its output, blocking where a failure must stop the run."""
+    return [AssetCheckSpec(name, asset=asset_key, blocking=blocking, description=text)
+            for name, (blocking, text) in guard_table(output_key(asset_key.path)).items()]
 
 
-def _check_result(key: str, result: GuardResult) -> AssetCheckResult:
-    return AssetCheckResult(asset_key=AssetKey(key.split("/")), check_name=result.name, passed=result.passed,
+def _check_result(key: str, result: GuardResult, experiment: str) -> AssetCheckResult:
+    return AssetCheckResult(asset_key=AssetKey(asset_key_path(key, experiment)), check_name=result.name, passed=result.passed,
                             description=result.description, metadata=result.metadata,
                             severity=AssetCheckSeverity.ERROR if result.blocking else AssetCheckSeverity.WARN)
 
@@ -46,7 +47,7 @@ def guarded(key: str, params: Params, result: MaterializeResult) -> Iterator[Mat
     """Yield the asset's materialization with its guards' results; then fail, without retries, if a blocking one failed."""
     results = evaluate_guards(key, params)
     yield result
-    yield from (_check_result(key, r) for r in results)
+    yield from (_check_result(key, r, params.experiment) for r in results)
     try:
         stop_if_blocked(key, results)
     except GuardFailed as error:

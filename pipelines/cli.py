@@ -16,6 +16,8 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
+from rl_assets.paths import output_key
+
 
 def use_project_instance() -> None:
     """Point DAGSTER_HOME at .dagster/ in the project, linked to the project's dagster.yaml."""
@@ -38,11 +40,11 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
     `run` materializes only the assets that are not up to date (pipelines/outdated.py), every asset with
     `everything`; `materialize` the keys it names. Either holds the project's writer lock (pipelines/writer.py).
     """
-    from dagster import AssetKey, DagsterInstance, execute_job, reconstructable
+    from dagster import DagsterInstance, execute_job, reconstructable
 
     from pipelines.dvc import record_journal
     from pipelines.outdated import outdated_assets
-    from pipelines.steps import ParamsResource, run_tags
+    from pipelines.steps import ParamsResource, asset_key, run_tags
     from pipelines.writer import cli_tags, exclusive_writer
 
     say = functools.partial(print, file=sys.stderr)
@@ -51,23 +53,25 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
         if recorded := record_journal(log):
             say(f"dvc.lock: recorded {len(recorded)} stages an earlier run wrote and was stopped before recording "
                 f"({', '.join(recorded)})")
-        keys = [AssetKey.from_user_string(k) for k in selection] if selection else None
+        keys = [asset_key(k) for k in selection] if selection else None  # output keys, e.g. r01/rollouts, of the params' experiment
         if command == "run" and not everything:
             from pipelines.definitions import PARAMS, defs
 
-            graph = defs.resolve_asset_graph()
-            reasons = outdated_assets(instance, graph, models=Path(PARAMS.promotion.directory),
+            from rl_assets.paths import data_dir
+
+            specs = defs.resolve_all_asset_specs()
+            reasons = outdated_assets(instance, specs, data_dir(PARAMS.experiment), models=Path(PARAMS.promotion.directory),
                                       carry_optimizer_state=PARAMS.train.carry_optimizer_state)
-            total = sum(1 for key in graph.toposorted_asset_keys if graph.get(key).is_executable and graph.get(key).is_materializable)
+            total = len(specs)
             if not reasons:
                 say(f"nothing to do: all {total} assets are up to date (`rl-assets run --all` reruns every one)")
                 return True, []
             first, why = next(iter(reasons.items()))
-            say(f"running {len(reasons)} of {total} assets, from {first.to_user_string()} ({why}); "
+            say(f"running {len(reasons)} of {total} assets, from {output_key(first.path)} ({why}); "
                 f"the other {total - len(reasons)} are up to date (`--all` reruns every one)")
             for key, why in list(reasons.items())[1:]:  # every reason of its own; "X runs first" follows from those
                 if not why.endswith("runs first"):
-                    say(f"  also {key.to_user_string()}: {why}")
+                    say(f"  also {output_key(key.path)}: {why}")
             keys = list(reasons)
         from pipelines.definitions import PARAMS, start_step_server
         from pipelines.warm_child import warm_child_for
@@ -116,12 +120,12 @@ def _step_names() -> dict[str, str]:
     for assets_def in defs.resolve_asset_graph().assets_defs:
         if not assets_def.is_executable:
             continue
-        keys = [key.to_user_string() for key in assets_def.keys]
+        keys = [output_key(key.path) for key in assets_def.keys]
         try:
             keys = flow_order(keys)  # the compute step's outputs in the order it writes them
         except ValueError:  # not all model outputs (raw_data, prompts): one key each anyway
             pass
-        checked = sorted({check.asset_key.to_user_string() for check in assets_def.check_keys})
+        checked = sorted({output_key(check.asset_key.path) for check in assets_def.check_keys})
         names[assets_def.node_def.name] = ", ".join(keys) if keys else f"checks of {', '.join(checked)}"
     return names
 
@@ -190,7 +194,7 @@ def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -
     started = {e.dagster_event.step_key for e in instance.all_logs(run_id, of_type=DagsterEventType.STEP_START)}
     planned = run.step_keys_to_execute or [step.key for step in instance.get_execution_plan_snapshot(run.execution_plan_snapshot_id).steps]
     skipped = [names.get(step, step) for step in planned if step not in started]
-    selected = {key.to_user_string() for key in run.asset_selection} if run.asset_selection else None
+    selected = {output_key(key.path) for key in run.asset_selection} if run.asset_selection else None
     assets = [asset for name in skipped if not name.startswith("checks of ") for asset in name.split(", ")  # a step can write several
               if selected is None or asset in selected]
     if skipped:
@@ -198,7 +202,7 @@ def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -
         checks = len(skipped) - len(assets)
         lines.append(f"skipped: {len(assets)} assets after the failure ({shown or 'none'})" + (f" and {checks} check steps" if checks else ""))
     if not lines:
-        written = sorted({e.dagster_event.asset_key.to_user_string()
+        written = sorted({output_key(e.dagster_event.asset_key.path)
                           for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)})
         how = "stopped" if run.status.value == "CANCELED" else "failed"
         lines.append(f"{how} after writing {len(written)} outputs ({', '.join(flow_sorted(written)) or 'none'}); "
@@ -206,12 +210,12 @@ def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -
     return [*lines, *logs, f"dagster run {run_id}: make ui, then http://127.0.0.1:3000/runs/{run_id}"]
 
 
-def latest_run() -> dict | None:
-    """The latest rl_pipeline run on the project instance: status, times, and the checks that failed in it."""
+def latest_run(experiment: str | None = None) -> dict | None:
+    """The latest rl_pipeline run on the project instance (of `experiment`, when given): status, times, the checks that failed in it."""
     from dagster import DagsterEventType, DagsterInstance, RunsFilter
 
     with DagsterInstance.get() as instance:
-        records = instance.get_run_records(RunsFilter(job_name="rl_pipeline"), limit=1)
+        records = instance.get_run_records(RunsFilter(job_name="rl_pipeline", tags={"rl_assets/experiment": experiment} if experiment else {}), limit=1)
         if not records:
             return None
         record = records[0]
@@ -219,7 +223,7 @@ def latest_run() -> dict | None:
         tags = record.dagster_run.tags
         return {"run_id": record.dagster_run.run_id, "status": record.dagster_run.status.value,
                 "started": record.start_time, "ended": record.end_time,
-                "failed_checks": [f"{c.asset_key.to_user_string()}:{c.check_name}" for c in checks if not c.passed],
+                "failed_checks": [f"{output_key(c.asset_key.path)}:{c.check_name}" for c in checks if not c.passed],
                 "experiment": tags.get("rl_assets/experiment"), "params_file": tags.get("rl_assets/params_file"),
                 "overrides": [o for o in tags.get("rl_assets/overrides", "").split(";") if o], "params_hash": tags.get("rl_assets/params_hash")}
 
@@ -246,9 +250,13 @@ def run_params(run: dict | None):
 def print_status() -> int:
     import json
 
+    from rl_assets.paths import data_dir
     from rl_assets.status import project_status
 
-    run = latest_run()
+    from pipelines.steps import load_project_params
+
+    # $RL_ASSETS_PARAMS names an experiment: its latest run; else the latest run of any experiment, with its own params
+    run = latest_run(load_project_params().experiment if os.environ.get("RL_ASSETS_PARAMS") else None)
     healthy = run is None or run["status"] not in ("FAILURE", "CANCELED")
     params, note = run_params(run)
     status = {"healthy": healthy, "latest_run": run, "experiment": params.experiment, **project_status(Path("."), params)}
@@ -257,7 +265,8 @@ def print_status() -> int:
     from pipelines.outdated import changed_outputs
 
     with DagsterInstance.get() as instance:  # outputs truncated, overwritten or deleted since they were recorded
-        status["changed_outputs"] = changed_outputs(instance, params.rounds, Path("."), Path(params.promotion.directory))
+        status["changed_outputs"] = changed_outputs(instance, params.rounds, params.experiment, data_dir(params.experiment),
+                                                    Path(params.promotion.directory))
     status["healthy"] = healthy = (healthy and not any(step["stale"] for step in status["running_steps"])  # a hung step
                                    and not status["changed_outputs"] and not status["other_experiment_outputs"])
     if note:
@@ -350,7 +359,9 @@ def main(argv=None) -> int:
     if args.command == "run":
         from rl_assets.reports import summary_text
 
-        print(summary_text(Path(".")))
-        print(f"\nfinished in {time.perf_counter() - started:.0f} s; outputs under data/; runs and metadata: make ui (http://127.0.0.1:3000)")
+        from rl_assets.paths import data_dir
+
+        print(summary_text(data_dir(params.experiment)))
+        print(f"\nfinished in {time.perf_counter() - started:.0f} s; outputs under {data_dir(params.experiment)}/; runs and metadata: make ui (http://127.0.0.1:3000)")
     return 0
 

@@ -11,14 +11,14 @@ several processes).
 
 from typing import Iterator
 
-from dagster import (AssetCheckResult, AssetExecutionContext, AssetKey, DagsterEventType, DataVersion, MaterializeResult, PipesSubprocessClient,
+from dagster import (AssetCheckResult, AssetExecutionContext, DagsterEventType, DataVersion, MaterializeResult, PipesSubprocessClient,
                      multi_asset)
 
 from pipelines.assets import COMPUTE_TAGS, TRAINING_RETRY, base_checkpoint_spec, evaluation_spec
 from pipelines.checks import guard_specs
 from pipelines.promotion import promoted_model_spec
 from pipelines.rounds import round_specs
-from pipelines.steps import ParamsResource, run_compute
+from pipelines.steps import ParamsResource, asset_key, key_name, run_compute
 from rl_assets.paths import flow_order
 
 
@@ -29,14 +29,14 @@ def compute_asset(rounds: int):
     @multi_asset(
         name="compute",
         specs=specs,
-        check_specs=[check for spec in specs for check in guard_specs(spec.key.to_user_string())],
+        check_specs=[check for spec in specs for check in guard_specs(spec.key)],
         can_subset=True,
         pool="gpu",
         op_tags=COMPUTE_TAGS,
         retry_policy=TRAINING_RETRY,
     )
     def compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult | AssetCheckResult]:
-        wanted = flow_order([key.to_user_string() for key in context.selected_asset_keys])
+        wanted = flow_order([key_name(key) for key in context.selected_asset_keys])
         done = done_in_this_run(context, wanted)
         checks = {(c.asset_key, c.name) for c in context.selected_asset_check_keys}
         yield from reported_again(context, [key for key in wanted if key in done], checks)
@@ -57,7 +57,7 @@ def done_in_this_run(context: AssetExecutionContext, keys: list[str]) -> set[str
         return set()
     done = set()
     for key in keys:
-        event = context.instance.get_latest_materialization_event(AssetKey(key.split("/")))
+        event = context.instance.get_latest_materialization_event(asset_key(key))
         if event is not None and event.run_id == context.run_id:
             done.add(key)
     return done
@@ -67,10 +67,10 @@ def reported_again(context: AssetExecutionContext, keys: list[str], checks: set)
     """The outputs an earlier attempt wrote, reported by this one with their data versions and their guards' verdicts (a step reports
     every output and check it was asked for)."""
     for key in keys:
-        materialization = context.instance.get_latest_materialization_event(AssetKey(key.split("/"))).asset_materialization
+        materialization = context.instance.get_latest_materialization_event(asset_key(key)).asset_materialization
         yield MaterializeResult(asset_key=materialization.asset_key, metadata={**materialization.metadata, "written_by_an_earlier_attempt": True},
                                 data_version=DataVersion(materialization.tags["dagster/data_version"]))
-    done = {AssetKey(key.split("/")) for key in keys}
+    done = {asset_key(key) for key in keys}
     for event in context.instance.all_logs(context.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION):
         verdict = event.dagster_event.event_specific_data
         if verdict.asset_key in done and (verdict.asset_key, verdict.check_name) in checks:

@@ -37,36 +37,22 @@ def executor(params):
         return k8s_job_executor
     # Each step is a process; a forkserver that has already imported the code location starts them ~2 s faster
     # than a fresh interpreter each (measured: 29.5 -> 21.6 s for two assets and their checks).
-    wake_the_coordinator_less_often()
     return multiprocess_executor.configured({"start_method": {"forkserver": {"preload_modules": STEP_PRELOAD}}})
 
 
 STEP_PRELOAD = ["pipelines.definitions"]
-# How long the run's coordinator (the CLI, or the daemon's run worker) waits on a step's event queue before it checks
-# that the step's process still lives. An event wakes it at once whatever this is; Dagster's 20 ms woke it 50 times a
-# second through the whole compute step, ~2.8 s of CPU per run of the default params at the training child's priority
-# (profiled with py-spy). The price: a step that dies without a word is noticed within 0.1 s, and while two steps run
-# at once, one that is idle holds the other's events back by as much each (10 a second).
-COORDINATOR_TICK_SECONDS = 0.1
-
-
-def wake_the_coordinator_less_often() -> None:
-    from dagster._core.executor import child_process_executor  # Dagster's private constant, read on every wait
-
-    if isinstance(getattr(child_process_executor, "TICK", None), float):
-        child_process_executor.TICK = COORDINATOR_TICK_SECONDS
 
 
 def start_step_server(params) -> None:
     """Start the forkserver that the multiprocess executor forks steps from, now, so that it imports the code location
-    (~1 s) while Dagster creates the run, not after. The executor finds it running and uses it (the preload list is
-    the one it would give: Dagster puts its multiprocess module first)."""
+    (~1 s) while Dagster creates the run, not after. The executor finds it running and uses it (a running forkserver
+    keeps the modules it was started with; the code location imports the executor's own)."""
     if params.compute.executor == "k8s":
         return
     import multiprocessing
     from multiprocessing import forkserver
 
-    multiprocessing.get_context("forkserver").set_forkserver_preload(["dagster._core.executor.multiprocess", *STEP_PRELOAD])
+    multiprocessing.get_context("forkserver").set_forkserver_preload(STEP_PRELOAD)
     forkserver.ensure_running()
 
 

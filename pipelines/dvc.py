@@ -24,7 +24,7 @@ import yaml
 from dagster import AssetKey
 
 from rl_assets.config import ParamsError
-from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, dvc_stage_name, output_path
+from rl_assets.paths import DATA, EVALUATION_METRICS, EVALUATION_PLOT, dvc_stage_name, output_key, output_path
 from rl_assets.storage import atomic_path
 from rl_assets.tracking import ROUND_PLOTS
 
@@ -46,7 +46,7 @@ STAGE_FIELDS = ("cmd", "deps", "params", "outs", "metrics", "plots")
 
 
 def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides: list[str] | tuple[str, ...] = (),
-                  later: bool = False) -> str | None:
+                  later: bool = False, experiment: str = "default") -> str | None:
     """Commit the stage of `key` to dvc.lock after a materialization DVC did not drive, with the params it ran with.
 
     Only when dvc.yaml's stage is the one the asset graph generates now: committing a stale stage
@@ -62,10 +62,13 @@ def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides
     With `later`, the stage goes into the journal of stages still to record (`JOURNAL`), and
     `record_journal` commits all of them at once: the compute step does so at its end. A kill before
     that leaves the journal, which the next `rl-assets run` records before it starts. Returns the
-    stage journaled, else None.
+    stage journaled, else None. Another experiment than the default is never recorded: its outputs are in
+    data/experiments/<experiment>/, not those of dvc.yaml (the graph of params.yaml).
     """
     if not recording_enabled():
         return None  # dvc repro is running this stage and records it itself
+    if experiment != "default":
+        return None
     if not _is_dvc_stage(context, key):
         return  # promoted_model: a decision with a history, not a reproducible output
     if not Path("dvc.yaml").is_file():
@@ -401,16 +404,17 @@ def graph_stage(key: str, metadata: dict, parents: list[str]) -> dict | None:
 
 def stage_spec(key: str, upstream: list[str], params_sections: list[str], code: list[str], extra_deps: list[str]) -> dict:
     """One DVC stage: materialize `key` through Dagster; deps are upstream outputs, code and inputs."""
-    outs = [output_path(key).as_posix()]
+    outs = [output_path(key, DATA).as_posix()]  # dvc.yaml is the graph of params.yaml, the default experiment
     stage = {
         "cmd": f"{PYTHON} -m pipelines materialize {key}",
-        "deps": sorted(set(code + extra_deps)) + [output_path(u).as_posix() for u in upstream],
+        "deps": sorted(set(code + extra_deps)) + [output_path(u, DATA).as_posix() for u in upstream],
         "params": params_sections,
         "outs": outs,
     }
     if key == "evaluation":
-        stage["metrics"] = [{EVALUATION_METRICS.as_posix(): {"cache": False}}]
-        stage["plots"] = [{EVALUATION_PLOT.as_posix(): {"cache": False}}, {ROUND_PLOTS.as_posix(): {"cache": False, "x": "round", "y": "value"}}]
+        stage["metrics"] = [{(DATA / EVALUATION_METRICS).as_posix(): {"cache": False}}]
+        stage["plots"] = [{(DATA / EVALUATION_PLOT).as_posix(): {"cache": False}},
+                          {(DATA / ROUND_PLOTS).as_posix(): {"cache": False, "x": "round", "y": "value"}}]
     return stage
 
 
@@ -419,9 +423,9 @@ def dvc_yaml_text(asset_graph) -> str:
     stages = {}
     for asset_key in asset_graph.toposorted_asset_keys:
         node = asset_graph.get(asset_key)
-        key = asset_key.to_user_string()
+        key = output_key(asset_key.path)
         metadata = {name: getattr(value, "value", value) for name, value in node.metadata.items()}
-        stage = graph_stage(key, metadata, [parent.to_user_string() for parent in node.parent_keys])
+        stage = graph_stage(key, metadata, [output_key(parent.path) for parent in node.parent_keys])
         if stage is not None:
             stages[dvc_stage_name(key)] = stage
     header = "# Generated from the Dagster asset graph by `rl-assets dvc-sync`; do not edit by hand.\n"

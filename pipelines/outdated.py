@@ -9,107 +9,132 @@ checkpoint, a table overwritten; rl_assets.verify), and an asset whose blocking 
 passed on its latest materialization (the run stopped there, or died before the check ran). And
 one from the run state: a round that must train continues its parent's carried optimizer moments
 (train.carry_optimizer_state); when those are gone, the parent round trains again to recreate them.
+
+Staleness is read from what Dagster records on each materialization (the tags `dagster/code_version`,
+`dagster/data_version` and `dagster/input_data_version/<key>`, shown on every materialization in the UI)
+against the specs of the code location now, with public APIs only: the same verdict as Dagster's "stale"
+badge for this graph (every asset has a code version and a data version), without its private resolver.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
 
-from dagster import AssetKey, DagsterInstance
-from dagster._core.asset_graph_view.asset_graph_view import AssetGraphView, TemporalContext
-from dagster._core.definitions.data_version import CachingStaleStatusResolver, StaleStatus
-from dagster._core.storage.asset_check_execution_record import AssetCheckExecutionRecordStatus
-from dagster._time import get_current_datetime
+import functools
+from graphlib import TopologicalSorter
+from pathlib import Path
 
-from rl_assets.paths import output_path
+from dagster import AssetKey, AssetSpec, DagsterEventType, DagsterInstance
+
+from rl_assets.paths import output_key, output_path
+
+CODE_VERSION, DATA_VERSION, INPUT_DATA_VERSION = "dagster/code_version", "dagster/data_version", "dagster/input_data_version"
 
 
-def changed_outputs(instance: DagsterInstance, rounds: int, root: Path = Path("."), models: Path = Path("models")) -> dict[str, str]:
-    """{output: why} for every materialized output of the flow that is no longer what its latest materialization recorded
-    (what `rl-assets status` reports; `run` makes them again)."""
-    from rl_assets.paths import checkpoint_key, round_prefix
+def changed_outputs(instance: DagsterInstance, rounds: int, experiment: str = "default", data: Path = Path("data"),
+                    models: Path = Path("models")) -> dict[str, str]:
+    """{output: why} for every materialized output of the flow in the data folder `data` (paths.data_dir) that is no longer
+    what its latest materialization recorded (what `rl-assets status` reports; `run` makes them again)."""
+    from rl_assets.paths import asset_key_path, checkpoint_key, round_prefix
 
     names = ["raw_data", "prompts", checkpoint_key(0), *(f"{round_prefix(n)}/{stage}" for n in range(1, rounds + 1)
                                                          for stage in ("rollouts", "rewards", "checkpoint")), "evaluation"]
-    events = instance.get_latest_materialization_events([AssetKey(name.split("/")) for name in names])
-    return {key.to_user_string(): why for key, event in events.items()
-            if event is not None and (why := _changed_on_disk(key, event, root, models))}
+    events = instance.get_latest_materialization_events([AssetKey(asset_key_path(name, experiment)) for name in names])
+    return {output_key(key.path): why for key, event in events.items()
+            if event is not None and (why := _changed_on_disk(key, event, data, models))}
 
 
-def _changed_on_disk(key: AssetKey, event, root: Path, promoted: Path) -> str | None:
+def _changed_on_disk(key: AssetKey, event, data: Path, promoted: Path) -> str | None:
     """Why the output on disk is not the one the latest materialization recorded (None when it is)."""
     from rl_assets.verify import changed
 
-    name = key.to_user_string()
+    name = output_key(key.path)
     if name == "promoted_model":  # a decision with a history (models/), not a reproducible output
         return None if (promoted / "promoted").is_dir() else "its output is missing on disk"
     recorded = event.asset_materialization.tags.get("dagster/data_version") if event.asset_materialization else None
-    path = output_path(name, root)
+    path = output_path(name, data)
     if recorded is None:
         return None if path.exists() else "its output is missing on disk"
-    return changed(path, recorded, root)
+    return changed(path, recorded)
 
 
-def outdated_assets(instance: DagsterInstance, asset_graph, root: Path = Path("."), models: Path = Path("models"),
+def outdated_assets(instance: DagsterInstance, specs: list[AssetSpec], data: Path = Path("data"), models: Path = Path("models"),
                     carry_optimizer_state: bool = False) -> dict[AssetKey, str]:
-    """{asset key: why it must run}, in flow order, for every executable asset that is not up to date."""
+    """{asset key: why it must run}, in flow order, for every asset of `specs` (`Definitions.resolve_all_asset_specs`)
+    whose output in the data folder `data` (paths.data_dir) is not up to date."""
     forced: dict[AssetKey, str] = {}
     while True:
-        reasons = _outdated(instance, asset_graph, root, models, forced)
-        lost = _parents_with_lost_moments(reasons, root) if carry_optimizer_state else {}
+        reasons = _outdated(instance, specs, data, models, forced)
+        lost = _parents_with_lost_moments(reasons, data) if carry_optimizer_state else {}
         if not lost:
             return reasons
         forced.update(lost)
 
 
-def _parents_with_lost_moments(reasons: dict[AssetKey, str], root: Path) -> dict[AssetKey, str]:
+def _parents_with_lost_moments(reasons: dict[AssetKey, str], data: Path) -> dict[AssetKey, str]:
     """Checkpoints not due to run whose carried moments are gone while the next round's checkpoint must train."""
     from rl_assets.paths import checkpoint_key
     from rl_assets.train_state import lost_moments
 
     lost = {}
     for key in reasons:
-        parts = key.path
+        parts = output_key(key.path).split("/")
         if len(parts) == 2 and parts[1] == "checkpoint" and parts[0] != "r00":
-            parent = AssetKey(checkpoint_key(int(parts[0][1:]) - 1).split("/"))
-            if parent not in reasons and lost_moments(int(parts[0][1:]) - 1, root):
-                lost[parent] = (f"its carried optimizer moments are gone from data/run_state and {key.to_user_string()} "
+            parent = AssetKey([*key.path[:-2], *checkpoint_key(int(parts[0][1:]) - 1).split("/")])  # the same experiment's
+            if parent not in reasons and lost_moments(int(parts[0][1:]) - 1, data):
+                lost[parent] = (f"its carried optimizer moments are gone from {data / 'run_state'} and {output_key(key.path)} "
                                 "continues them (train.carry_optimizer_state)")
     return lost
 
 
-def _outdated(instance: DagsterInstance, asset_graph, root: Path, models: Path, forced: dict[AssetKey, str]) -> dict[AssetKey, str]:
-    view = AssetGraphView(temporal_context=TemporalContext(effective_dt=get_current_datetime(), last_event_id=None),
-                          instance=instance, asset_graph=asset_graph)
-    resolver = CachingStaleStatusResolver(instance=instance, asset_graph=asset_graph, loading_context=view)
-    checks_of: dict[AssetKey, list] = {}
-    for check_key in asset_graph.asset_check_keys:
-        if asset_graph.get_check_spec(check_key).blocking:
-            checks_of.setdefault(check_key.asset_key, []).append(check_key)
-    latest_checks = instance.event_log_storage.get_latest_asset_check_execution_by_key([k for ks in checks_of.values() for k in ks])
+def stale_reason(spec: AssetSpec, tags: dict[str, str], current: dict[AssetKey, str | None]) -> str | None:
+    """Why the materialization with `tags` is stale for `spec` now (None when it is not): its code version changed, or an
+    input's data version is not the one it was made from. `current`: each asset's latest data version (None: never made).
+
+    >>> spec = AssetSpec("b", deps=["a"], code_version="v2")
+    >>> made = {"dagster/code_version": "v2", "dagster/input_data_version/a": "x"}
+    >>> stale_reason(spec, made, {AssetKey("a"): "x"}), stale_reason(spec, made, {AssetKey("a"): "y"})
+    (None, 'stale: a has a new data version since')
+    >>> stale_reason(spec, {**made, "dagster/code_version": "v1"}, {AssetKey("a"): "x"})
+    'stale: its code version changed (v1 -> v2)'
+    """
+    if spec.code_version is not None and tags.get(CODE_VERSION) != spec.code_version:
+        return f"stale: its code version changed ({tags.get(CODE_VERSION)} -> {spec.code_version})"
+    for dep in spec.deps:
+        used, now = tags.get(f"{INPUT_DATA_VERSION}/{dep.asset_key.to_user_string()}"), current.get(dep.asset_key)
+        if now is not None and used != now:
+            return f"stale: {output_key(dep.asset_key.path)} {'has a new data version since' if used else 'is a new input'}"
+    return None
+
+
+def _outdated(instance: DagsterInstance, specs: list[AssetSpec], data: Path, models: Path, forced: dict[AssetKey, str]) -> dict[AssetKey, str]:
+    by_key = {spec.key: spec for spec in specs}
+    order = TopologicalSorter({spec.key: [d.asset_key for d in spec.deps if d.asset_key in by_key] for spec in specs}).static_order()
+    events = instance.get_latest_materialization_events(list(by_key))
+    current = {key: event.asset_materialization.tags.get(DATA_VERSION) if event and event.asset_materialization else None
+               for key, event in events.items()}
+    passed_in = functools.cache(lambda run_id: {(e.dagster_event.event_specific_data.asset_key, e.dagster_event.event_specific_data.check_name)
+                                                for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+                                                if e.dagster_event.event_specific_data.passed})
+
+    from rl_assets.output_guards import guard_table
 
     reasons: dict[AssetKey, str] = {}
-    for key in asset_graph.toposorted_asset_keys:
-        node = asset_graph.get(key)
-        if not node.is_materializable or not node.is_executable:
-            continue
-        upstream = [parent for parent in node.parent_keys if parent in reasons]
-        event = instance.get_latest_materialization_event(key)
+    for key in order:
+        spec, event = by_key[key], events.get(key)
+        upstream = [dep.asset_key for dep in spec.deps if dep.asset_key in reasons]
         if key in forced:
             reasons[key] = forced[key]
         elif event is None:
             reasons[key] = "never materialized"
-        elif why := _changed_on_disk(key, event, root, models):
+        elif why := _changed_on_disk(key, event, data, models):
             reasons[key] = why
         elif upstream:
-            reasons[key] = f"{upstream[0].to_user_string()} runs first"
-        elif resolver.get_status(key) == StaleStatus.STALE:
-            causes = resolver.get_stale_causes(key)
-            reasons[key] = f"stale: {causes[0].reason}" if causes else "stale"
+            reasons[key] = f"{output_key(upstream[0].path)} runs first"
+        elif why := stale_reason(spec, dict(event.asset_materialization.tags or {}), current):
+            reasons[key] = why
         else:
-            for check_key in checks_of.get(key, []):
-                record = latest_checks.get(check_key)
-                if record is None or record.run_id != event.run_id or record.status != AssetCheckExecutionRecordStatus.SUCCEEDED:
-                    reasons[key] = f"its blocking check {check_key.name} did not pass on its latest materialization"
-                    break
+            blocking = [name for name, (blocks, _) in guard_table(output_key(key.path)).items() if blocks]
+            if missed := [name for name in blocking if (key, name) not in passed_in(event.run_id)]:
+                reasons[key] = f"its blocking check {missed[0]} did not pass on its latest materialization"
     return reasons

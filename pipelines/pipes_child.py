@@ -33,7 +33,7 @@ ERROR_DIR_ENV = "RL_ASSETS_ERROR_DIR"
 DETERMINISTIC_EXIT = 65  # sysexits EX_DATAERR: retrying cannot help
 TRANSIENT_EXIT = 75  # sysexits EX_TEMPFAIL: a retry may succeed
 GUARD_DESCRIPTION = "rl_assets/description"  # a guard's verdict text (report_asset_check takes no description)
-WRITING = "while writing "  # rl_assets.resident's note on an error: the output it was writing
+WRITING, WRITING_PATH = "while writing ", "output path: "  # rl_assets.resident's notes on an error: the output it was writing, its path
 
 # RuntimeErrors raised by torch.distributed backends and CUDA when a peer, the network or the device fails.
 TRANSIENT_MESSAGE = re.compile(r"NCCL|\bgloo\b|timed out|timeout|connection (closed|reset|refused) by peer|"
@@ -88,7 +88,7 @@ def error_line(error: BaseException) -> str:
 SHORT_WRITE = re.compile(r"No space left on device|unexpected pos \d+ vs \d+|failed writing file|Disk quota exceeded", re.IGNORECASE)
 
 
-def resource_fault(error: BaseException, output: str | None) -> str | None:
+def resource_fault(error: BaseException, output: str | None, path: Path | None = None) -> str | None:
     """Plain words for a fault of the machine rather than of the step's inputs: a full disk, no host memory.
 
     >>> resource_fault(MemoryError(), "r01/checkpoint")
@@ -102,12 +102,12 @@ def resource_fault(error: BaseException, output: str | None) -> str | None:
     while error is not None and id(error) not in seen:
         seen.add(id(error))
         if (isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT)) or SHORT_WRITE.search(str(error)):
-            path = Path("data") if output is None else _output_path(output)
-            while not path.exists() and path != path.parent:
-                path = path.parent
-            free = shutil.disk_usage(path).free
+            written = path or Path("data")
+            while not written.exists() and written != written.parent:
+                written = written.parent
+            free = shutil.disk_usage(written).free
             amount = f"{free / 1e6:.1f} MB" if free >= 1e6 else f"{free / 1e3:.0f} kB"
-            return (f"no space left on device while writing {_output_path(output) if output else 'data/'}: {amount} free on "
+            return (f"no space left on device while writing {path or 'data/'}: {amount} free on "
                     f"its filesystem; free some space, then `rl-assets run` continues from this output")
         if isinstance(error, MemoryError):
             return f"out of memory (host RAM) while writing {where}"
@@ -115,19 +115,15 @@ def resource_fault(error: BaseException, output: str | None) -> str | None:
     return None
 
 
-def _output_path(key: str) -> Path:
-    from rl_assets.paths import output_path
-
-    return output_path(key)
-
-
 def report_failure(error: BaseException) -> int:
     """Print the traceback and the one-line error, leave the verdict for the parent; returns the exit code.
 
     A fault of the machine (a full disk, no memory) is said in plain words, whatever exception the library raised for it.
     """
-    output = next((note.removeprefix(WRITING) for note in getattr(error, "__notes__", []) if note.startswith(WRITING)), None)
-    kind, line = classify(error), resource_fault(error, output) or error_line(error)
+    notes = getattr(error, "__notes__", [])
+    output = next((note.removeprefix(WRITING) for note in notes if note.startswith(WRITING)), None)
+    path = next((Path(note.removeprefix(WRITING_PATH)) for note in notes if note.startswith(WRITING_PATH)), None)
+    kind, line = classify(error), resource_fault(error, output, path) or error_line(error)
     traceback.print_exception(error)
     print(f"error: {line}", file=sys.stderr, flush=True)
     if directory := os.environ.get(ERROR_DIR_ENV):
@@ -154,6 +150,7 @@ def run(argv: list[str] | None = None) -> int:
     from dagster_pipes import open_dagster_pipes
 
     from rl_assets import compute
+    from rl_assets.paths import asset_key_path
     from rl_assets.process import quiet_step, start_distributed, stop_distributed
     from rl_assets.resident import write_outputs
 
@@ -162,10 +159,11 @@ def run(argv: list[str] | None = None) -> int:
     if start_distributed(params) == 0:
         with open_dagster_pipes() as pipes:  # an exception is also reported through Pipes (the run's event log)
             for output in write_outputs(args.outputs, params):
-                pipes.report_asset_materialization(asset_key=output.key, metadata=output.metadata, data_version=data_version(output.path))
+                key = "/".join(asset_key_path(output.key, params.experiment))  # the experiment's own asset (paths.asset_key_path)
+                pipes.report_asset_materialization(asset_key=key, metadata=output.metadata, data_version=data_version(output.path))
                 for guard in output.guards:
                     pipes.report_asset_check(check_name=guard.name, passed=guard.passed, severity="ERROR" if guard.blocking else "WARN",
-                                             metadata={**guard.metadata, GUARD_DESCRIPTION: guard.description}, asset_key=output.key)
+                                             metadata={**guard.metadata, GUARD_DESCRIPTION: guard.description}, asset_key=key)
     else:
         for _ in write_outputs(args.outputs, params):
             pass

@@ -8,10 +8,12 @@ promoted before, so it is a decision with a history, not a reproducible output, 
 delete it before each rerun.
 """
 
-from dagster import AssetKey, AssetSpec
+from dagster import AssetSpec
+
+from pipelines.steps import asset_key
 
 
 def promoted_model_spec() -> AssetSpec:
-    return AssetSpec("promoted_model", deps=[AssetKey("evaluation")], group_name="promotion", kinds={"pytorch"},
+    return AssetSpec(asset_key("promoted_model"), deps=[asset_key("evaluation")], group_name="promotion", kinds={"pytorch"},
                      description="The best evaluated checkpoint whose guards pass, copied to models/promoted/ with a model card, only when it "
                                  "beats the current promoted model on the same evaluation; models/history.jsonl keeps every promotion and rollback.")

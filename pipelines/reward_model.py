@@ -9,7 +9,7 @@ from typing import Iterator
 from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, PipesSubprocessClient, asset
 
 from pipelines.assets import COMPUTE_TAGS, stage_tracking
-from pipelines.steps import ParamsResource, load_project_params, run_compute
+from pipelines.steps import ParamsResource, asset_key, load_project_params, run_compute
 
 
 def reward_model_asset() -> AssetsDefinition | None:
@@ -20,6 +20,7 @@ def reward_model_asset() -> AssetsDefinition | None:
 
     @asset(
         name="reward_model",
+        key_prefix=asset_key("reward_model").path[:-1],
         group_name="reward_model",
         kinds={"pytorch"},
         pool="gpu",

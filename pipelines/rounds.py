@@ -6,26 +6,26 @@ Dagster's lineage view and dvc.lock show the whole chain. These are specs: the c
 """
 
 
-from dagster import AssetKey, AssetSpec
+from dagster import AssetSpec
 
 from pipelines.assets import stage_tracking
 from pipelines.reward_model import uses_reward_model
-from pipelines.steps import load_project_params
+from pipelines.steps import asset_key, load_project_params
 from rl_assets.paths import checkpoint_key, round_prefix
 
 
 def round_specs(n: int) -> list[AssetSpec]:
-    prefix, previous = round_prefix(n), AssetKey(checkpoint_key(n - 1).split("/"))
+    prefix, previous = round_prefix(n), asset_key(checkpoint_key(n - 1))
     params = load_project_params()
-    rollouts, rewards, checkpoint = (AssetKey([prefix, name]) for name in ("rollouts", "rewards", "checkpoint"))
-    reference = [AssetKey(checkpoint_key(0).split("/"))] if params.train.beta > 0 and n > 1 else []  # r00 is the KL reference
+    rollouts, rewards, checkpoint = (asset_key(f"{prefix}/{name}") for name in ("rollouts", "rewards", "checkpoint"))
+    reference = [asset_key(checkpoint_key(0))] if params.train.beta > 0 and n > 1 else []  # r00 is the KL reference
     return [
-        AssetSpec(rollouts, deps=[previous, AssetKey("prompts")], group_name=prefix, kinds={"parquet"},
+        AssetSpec(rollouts, deps=[previous, asset_key("prompts")], group_name=prefix, kinds={"parquet"},
                   description=f"Round {n}: G completions per training prompt sampled from {checkpoint_key(n - 1)}, with per-token log-probs.",
                   **stage_tracking("rollouts", ["seed", "rollouts"])),
         # The code version hashes the `rewards` section and the reward code (the user's modules included): after
         # editing either, the UI shows this asset as changed and the rollouts as up to date (as `dvc status` does).
-        AssetSpec(rewards, deps=[rollouts, *([AssetKey("reward_model")] if uses_reward_model() else [])], group_name=prefix, kinds={"parquet"},
+        AssetSpec(rewards, deps=[rollouts, *([asset_key("reward_model")] if uses_reward_model() else [])], group_name=prefix, kinds={"parquet"},
                   description=f"Round {n}: every rollout scored by the configured reward functions (rescored without resampling).",
                   **stage_tracking("rewards", ["rewards"])),
         AssetSpec(checkpoint, deps=[rewards, rollouts, previous, *reference], group_name=prefix, kinds={"pytorch"},

@@ -24,9 +24,9 @@ import warnings
 from pathlib import Path
 from typing import Iterator
 
-from dagster import (AssetCheckResult, AssetExecutionContext, AssetKey, ConfigurableResource, DataVersion, Failure, MaterializeResult,
-                     PipesMessageReader, PipesSubprocessClient, PipesTempFileMessageReader, PreviewWarning, open_pipes_session)
-from dagster._core.errors import DagsterExecutionInterruptedError, DagsterInvalidPropertyError
+from dagster import (AssetCheckResult, AssetExecutionContext, AssetKey, ConfigurableResource, DagsterError, DagsterExecutionInterruptedError,
+                     DataVersion, Failure, MaterializeResult, PipesMessageReader, PipesSubprocessClient, PipesTempFileMessageReader,
+                     PreviewWarning, open_pipes_session)
 from dagster_pipes import PipesDefaultMessageWriter
 
 from pipelines.checks import check_result, guarded
@@ -34,7 +34,7 @@ from pipelines.dvc import MISSING, JournalFollower, dotted, record_in_dvc, recor
 from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
 from pipelines.warm_child import CHILD_ENV, PIPES_CHILD, take
 from rl_assets.config import ComputeParams, Params, load_params
-from rl_assets.paths import dvc_stage_name, stage_of
+from rl_assets.paths import asset_key_path, dvc_stage_name, output_key, stage_of
 from rl_assets.storage import content_hash
 
 # Dagster's own Pipes session reads this preview property on every compute step; the warning is not about our code.
@@ -72,11 +72,22 @@ def tag_run(context: AssetExecutionContext, params: ParamsResource) -> None:
     """Put `run_tags` on the running run, however it was launched (CLI, UI launchpad, schedule, sensor)."""
     try:
         current = context.run.tags
-    except DagsterInvalidPropertyError:  # an asset body invoked directly (tests): there is no run to tag
+    except DagsterError:  # an asset body invoked directly (tests): there is no run to tag (DagsterInvalidPropertyError)
         return
     tags = run_tags(params)
     if any(current.get(k) != v for k, v in tags.items()):
         context.instance.add_run_tags(context.run_id, tags)
+
+
+def asset_key(key: str, experiment: str | None = None) -> AssetKey:
+    """The Dagster asset key of output `key` (e.g. 'r01/rollouts') in `experiment`, by default the project params' one
+    (paths.asset_key_path: experiments other than the default live under experiments/<name>/)."""
+    return AssetKey(asset_key_path(key, load_project_params().experiment if experiment is None else experiment))
+
+
+def key_name(key: AssetKey) -> str:
+    """The output key of a Dagster asset key (its experiment prefix dropped): what paths, stages and guards are named by."""
+    return output_key(key.path)
 
 
 def load_project_params() -> Params:
@@ -163,9 +174,9 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
                 if isinstance(result, AssetCheckResult):
                     yield check_result(result)
                     continue
-                key = result.asset_key.to_user_string()
+                key = key_name(result.asset_key)
                 _log_done(context, key, result.metadata or {})
-                if stage := record_in_dvc(context, key, params.path, params.overrides, later=True):
+                if stage := record_in_dvc(context, key, params.path, params.overrides, later=True, experiment=loaded.experiment):
                     follower.send(stage)
                 yield result
     finally:  # also when the child failed: what it wrote before is recorded
@@ -217,7 +228,7 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
             written.add(getattr(result, "asset_key", None))
             yield result
         if process.returncode != 0:
-            not_written = [key for key in keys if AssetKey(key.split("/")) not in written]
+            not_written = [key for key in keys if asset_key(key) not in written]
             failed_at = not_written[0] if not_written else keys[-1]
             failure = step_failure(failed_at, process.returncode, _error_records(errors), not_written)
             if isinstance(failure, ComputeStepCrashed):  # said now: the retry policy's delay would otherwise pass without a word
@@ -310,11 +321,10 @@ def whole_lines(path: str, should_stop) -> Iterator[str]:
 
 
 def _message_reader(pipes: PipesSubprocessClient):
-    """The pipes resource's reader, with Dagster's default one replaced by `WholeLineMessageReader`."""
+    """The pipes resource's reader, with Dagster's default one replaced by `WholeLineMessageReader` (its stdio option,
+    which this project never sets, is not carried over: it is not public)."""
     reader = pipes.message_reader
-    if type(reader) is PipesTempFileMessageReader:
-        return WholeLineMessageReader(reader._include_stdio_in_messages)
-    return reader
+    return WholeLineMessageReader() if type(reader) is PipesTempFileMessageReader else reader
 
 
 class ComputeStepCrashed(Exception):
@@ -379,7 +389,7 @@ def compute_step_follows(context: AssetExecutionContext) -> bool:
     """
     try:
         steps = context.run.step_keys_to_execute
-    except DagsterInvalidPropertyError:  # an asset body called directly: no run, nothing follows
+    except DagsterError:  # an asset body called directly: no run, nothing follows (DagsterInvalidPropertyError)
         return False
     return steps is None or "compute" in steps
 
@@ -393,7 +403,8 @@ def _log_done(context: AssetExecutionContext, key: str, metadata: dict) -> None:
 def materialized(context: AssetExecutionContext, params: ParamsResource, path, metadata: dict) -> Iterator[MaterializeResult]:
     """Report an output written in this process, with its content hash as the data version, then the asset's guards."""
     tag_run(context, params)
-    key = context.asset_key.to_user_string()
+    key = key_name(context.asset_key)
     _log_done(context, key, metadata)
-    record_in_dvc(context, key, params.path, params.overrides, later=compute_step_follows(context))
-    yield from guarded(key, params.load(), MaterializeResult(metadata={"path": str(path), **metadata}, data_version=DataVersion(content_hash(path))))
+    loaded = params.load()
+    record_in_dvc(context, key, params.path, params.overrides, later=compute_step_follows(context), experiment=loaded.experiment)
+    yield from guarded(key, loaded, MaterializeResult(metadata={"path": str(path), **metadata}, data_version=DataVersion(content_hash(path))))

@@ -6,6 +6,9 @@
     rl-assets lineage data/r02/checkpoint         walk a checkpoint back to its raw data
     rl-assets report                              the evaluation table
     rl-assets query "select round, avg(reward) from rewards group by round"   (views over every table)
+
+Each command works on the experiment of $RL_ASSETS_PARAMS (default params.yaml): its data folder (data/, or
+data/experiments/<experiment>/ for any other; rl_assets.paths.data_dir) and its promoted models.
     rl-assets status                              JSON health summary (latest run, round, metrics, promoted model)
     rl-assets generate --checkpoint promoted "7*8="   sample from any checkpoint (id, rNN, folder, promoted)
     rl-assets rollback [--allow-other-experiment]  restore the previously promoted model of this experiment
@@ -44,7 +47,7 @@ def main(argv: list[str] | None = None) -> int:
     lineage.add_argument("--json", action="store_true", help="print the trace as JSON")
     commands.add_parser("report", help="print the evaluation table")
     query = commands.add_parser("query", help="run SQL with DuckDB over views of every table (raw_data, prompts, rollouts, "
-                                "rewards, evaluation, checkpoints, promotions) or read_parquet('data/...')")
+                                "rewards, evaluation, checkpoints, promotions) of the experiment, or read_parquet('data/...')")
     query.add_argument("sql")
     generate = commands.add_parser("generate", help="sample completions from a checkpoint")
     generate.add_argument("prompts", nargs="+")
@@ -84,7 +87,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "lineage":
             from rl_assets.lineage import format_trace, problems, trace_checkpoint
 
-            steps = trace_checkpoint(args.checkpoint, Path("."))
+            from rl_assets.paths import data_dir, data_dir_of
+
+            # a round's checkpoint names its experiment's data folder; another folder (a promoted model): $RL_ASSETS_PARAMS's
+            steps = trace_checkpoint(args.checkpoint, Path("."), data_dir_of(Path(args.checkpoint)) or data_dir(_params().experiment))
             print(json.dumps(steps, indent=2, default=str) if args.json else format_trace(steps))
             if found := problems(steps):  # a trace through missing or changed files is not a lineage to rely on
                 print(f"rl-assets lineage: {len(found)} problem(s):\n  " + "\n  ".join(found), file=sys.stderr)
@@ -92,16 +98,24 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "report":
             from rl_assets.reports import summary_text
 
-            print(summary_text(Path(".")))
+            from rl_assets.paths import data_dir
+
+            print(summary_text(data_dir(_params().experiment)))
         elif args.command == "query":
             from rl_assets.lineage import connect_tables
 
-            print(connect_tables(Path(".")).sql(args.sql))
+            from rl_assets.paths import data_dir
+            from rl_assets.promotion import models_dir
+
+            params = _params()
+            print(connect_tables(data_dir(params.experiment), models_dir(params.promotion)).sql(args.sql))
         elif args.command == "generate":
             from rl_assets.generate import resolve_checkpoint, sample
 
             params = _params()
-            path = resolve_checkpoint(args.checkpoint, params.promotion)
+            from rl_assets.paths import data_dir
+
+            path = resolve_checkpoint(args.checkpoint, params.promotion, Path("."), data_dir(params.experiment))
             print(f"# {path}", file=sys.stderr)
             rendering = None if args.raw else params.prompts
             for row in sample(path, args.prompts, args.samples, args.temperature, args.max_new_tokens, args.seed, rendering):

@@ -129,23 +129,23 @@ def _episodes(model, tokenizer, held_out: pa.Table, samples: int, rollouts: Roll
                            eos_ids=eos_token_ids(model, tokenizer), **sampling)
 
 
-EVALUATIONS = Path("data") / "evaluations"
+EVALUATIONS = "evaluations"  # inside the data folder: each checkpoint's evaluation rows, by evaluation key
 
 
-def evaluation_key(params, root: Path, precision: str = "no") -> str:
+def evaluation_key(params, data: Path, precision: str = "no") -> str:
     """Names one evaluation: held-out prompts file, evaluation and rewards params, seed, precision; equal keys compare fairly."""
     from rl_assets.paths import output_path
     from rl_assets.storage import file_hash
 
     episodes = params.rollouts.episodes  # an evaluation in an environment is another evaluation
     limits = [episodes, params.rollouts.max_turns, params.rollouts.max_episode_tokens] if episodes else []
-    blob = json.dumps([file_hash(output_path("prompts", root)), params.evaluation.model_dump(mode="json"),
+    blob = json.dumps([file_hash(output_path("prompts", data)), params.evaluation.model_dump(mode="json"),
                        params.rewards.model_dump(mode="json"), params.seed] + ([precision] if precision != "no" else []) + limits, sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 
-def evaluated(checkpoint: Path, params, root: Path, device: str, precision: str = "no", load=None) -> tuple[list[dict], bool]:
-    """The checkpoint's evaluation rows, from data/evaluations when this evaluation of it was done before; (rows, reused).
+def evaluated(checkpoint: Path, params, data: Path, device: str, precision: str = "no", load=None) -> tuple[list[dict], bool]:
+    """The checkpoint's evaluation rows, from <data>/evaluations when this evaluation of it was done before; (rows, reused).
 
     `load() -> (model, tokenizer)` gives the checkpoint's model when it is already in memory (rl_assets.loaded).
     """
@@ -156,11 +156,11 @@ def evaluated(checkpoint: Path, params, root: Path, device: str, precision: str 
     from rl_assets.schemas import read_table
     from rl_assets.storage import atomic_path
 
-    key = evaluation_key(params, root, precision)
-    cached = root / EVALUATIONS / f"{checkpoint_id(checkpoint)}-{key}.json"
+    key = evaluation_key(params, data, precision)
+    cached = data / EVALUATIONS / f"{checkpoint_id(checkpoint)}-{key}.json"
     if cached.is_file():
         return json.loads(cached.read_text()), True
-    held_out = eval_prompts(read_table(output_path("prompts", root), "prompts"), params.evaluation)
+    held_out = eval_prompts(read_table(output_path("prompts", data), "prompts"), params.evaluation)
     model, tokenizer = load() if load is not None else load_policy(checkpoint, device, dtype=weights_dtype(precision))
     rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
                                autocast=compute_autocast(precision, device), rollouts=params.rollouts)

@@ -16,20 +16,23 @@ from rl_assets.paths import DATA, checkpoint_key, output_path
 from rl_assets.promotion import models_dir, promoted_path
 
 
-def resolve_checkpoint(name: str, promotion: PromotionParams, root: Path = Path(".")) -> Path:
-    """A checkpoint folder from `promoted`, `r03`, `r03/checkpoint`, a folder path, or a checkpoint id (prefix)."""
+def resolve_checkpoint(name: str, promotion: PromotionParams, root: Path = Path("."), data: Path | None = None) -> Path:
+    """A checkpoint folder from `promoted`, `r03`, `r03/checkpoint`, a folder path, or a checkpoint id (prefix).
+
+    Rounds and ids are looked up in the experiment's data folder `data` (paths.data_dir; default ROOT/data)."""
+    data = root / DATA if data is None else data
     if name == "promoted":
         path = promoted_path(promotion, root)
         if not (path / LINEAGE_FILE).is_file():
             raise FileNotFoundError(f"{path}: no promoted model yet (the promoted_model asset writes it)")
         return path
     match = re.fullmatch(r"r(\d{1,2})(/checkpoint)?", name)
-    path = output_path(checkpoint_key(int(match.group(1))), root) if match else root / name
+    path = output_path(checkpoint_key(int(match.group(1))), data) if match else root / name
     if (path / LINEAGE_FILE).is_file():
         return path
     if match:
         raise FileNotFoundError(f"{path}: no checkpoint there")
-    cards = [*(root / DATA).glob(f"r*/checkpoint/{LINEAGE_FILE}"), *(models_dir(promotion, root) / "versions").glob(f"*/{LINEAGE_FILE}")]
+    cards = [*data.glob(f"r*/checkpoint/{LINEAGE_FILE}"), *(models_dir(promotion, root) / "versions").glob(f"*/{LINEAGE_FILE}")]
     found = {json.loads(card.read_text())["checkpoint_id"]: card.parent for card in cards}
     found = {checkpoint_id: folder for checkpoint_id, folder in found.items() if checkpoint_id.startswith(name)}
     if len(found) == 1:

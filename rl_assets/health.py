@@ -63,7 +63,7 @@ class StatusCache:
 
 def assess(status: dict | None, steps: list[dict]) -> tuple[bool, list[str]]:
     """(healthy, why not): unhealthy when the latest run failed or was cancelled, an output changed since it was recorded,
-    data/ holds another experiment's outputs, or a running step's heartbeat is stale."""
+    the experiment's data folder holds another experiment's outputs, or a running step's heartbeat is stale."""
     reasons = []
     run = (status or {}).get("latest_run") or {}
     if run.get("status") in UNHEALTHY_RUNS:
@@ -71,7 +71,7 @@ def assess(status: dict | None, steps: list[dict]) -> tuple[bool, list[str]]:
     for key, why in ((status or {}).get("changed_outputs") or {}).items():
         reasons.append(f"{key}: {why}")
     if other := (status or {}).get("other_experiment_outputs"):
-        reasons.append(f"data/ holds outputs of another experiment ({', '.join(f'{k}: {e}' for k, e in other.items())}), "
+        reasons.append(f"{(status or {}).get('data', 'data')}/ holds outputs of another experiment ({', '.join(f'{k}: {e}' for k, e in other.items())}), "
                        f"not of {(status or {}).get('experiment')}")
     for step in steps:
         if step["stale"]:

@@ -13,7 +13,7 @@ from pathlib import Path
 import duckdb
 
 from rl_assets.checkpoints import read_lineage
-from rl_assets.paths import checkpoint_key, output_path, round_prefix
+from rl_assets.paths import DATA, checkpoint_key, data_dir_of, output_path, round_prefix
 from rl_assets.raw_data import labelled_location
 from rl_assets.storage import content_hash
 
@@ -55,9 +55,14 @@ def _query(connection, sql: str, path: Path, step: dict):
         return None
 
 
-def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dict]:
-    """Steps from `checkpoint` back to r00, then its prompts and raw sources, newest first."""
+def trace_checkpoint(checkpoint: str | Path, root: Path = Path("."), data: Path | None = None) -> list[dict]:
+    """Steps from `checkpoint` back to r00, then its prompts and raw sources, newest first.
+
+    The earlier rounds and the tables are those of the data folder `data` (paths.data_dir), by default the one the
+    checkpoint lies in (data/experiments/x/r02/checkpoint: data/experiments/x), else data/.
+    """
     steps, path = [], Path(checkpoint)
+    data = data if data is not None else data_dir_of(path) or root / DATA
     connection = duckdb.connect()
     while True:
         card = read_lineage(path)
@@ -70,7 +75,7 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dic
         if round_number == 0:
             break
         prefix = round_prefix(round_number)
-        rollouts, rewards = output_path(f"{prefix}/rollouts", root), output_path(f"{prefix}/rewards", root)
+        rollouts, rewards = output_path(f"{prefix}/rollouts", data), output_path(f"{prefix}/rewards", data)
         trained = card["trained_on"]
         step["rollouts"] = {"path": str(rollouts), "hash": trained["rollouts"], "status": _hash_status(rollouts, trained["rollouts"])}
         step["rewards"] = {"path": str(rewards), "hash": trained["rewards"], "status": _hash_status(rewards, trained["rewards"])}
@@ -81,10 +86,10 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path(".")) -> list[dic
         row = _query(connection, "select avg(reward), any_value(reward_config_hash) from read_parquet(?)", rewards, step["rewards"])
         if row:
             step["rewards"].update(mean=row[0], reward_config_hash=row[1])
-        path = output_path(checkpoint_key(round_number - 1), root)
+        path = output_path(checkpoint_key(round_number - 1), data)
 
-    prompts = output_path("prompts", root)
-    used = [str(output_path(f"{round_prefix(n)}/rollouts", root)) for n in range(1, steps[0]["round"] + 1)]
+    prompts = output_path("prompts", data)
+    used = [str(output_path(f"{round_prefix(n)}/rollouts", data)) for n in range(1, steps[0]["round"] + 1)]
     used = [u for u in used if Path(u).is_file()]
     step = {"kind": "prompts", "path": str(prompts), "status": _hash_status(prompts, card["trained_on"].get("prompts"))}  # card is r00's here
     if prompts.is_file():
@@ -135,11 +140,12 @@ TABLE_VIEWS = {
 }
 
 
-def connect_tables(root: Path = Path("."), models: str = "models") -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with one view per table that exists on disk (`select * from rewards`)."""
+def connect_tables(data: Path = DATA, models: Path = Path("models")) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with one view per table of the data folder `data` (paths.data_dir) that exists on disk
+    (`select * from rewards`), and the promotion history in `models`."""
     connection = duckdb.connect()
     for name, source in TABLE_VIEWS.items():
-        relation = source.format(data=(root / "data").as_posix(), models=(root / models).as_posix())
+        relation = source.format(data=Path(data).as_posix(), models=Path(models).as_posix())
         try:
             connection.execute(f"create view {name} as select * from {relation}")
         except duckdb.Error:  # no such files yet (e.g. before the first round), or one that cannot be read

@@ -5,8 +5,8 @@ exactly that checkpoint (same id, dtype and device), else a fresh load. A proces
 step starts empty and loads everything; the resident process (`rl_assets.resident`) runs a run's
 rounds with one `Loaded`, so round N+1 samples with the model round N has just trained and saved,
 and the reference stays put while training uses it (train.beta > 0). The carried AdamW moments (twice
-the weights) are not kept: each round reads them from data/run_state, so sampling never holds them. Both must give the same outputs (tested: bit-identical
-checkpoint ids), so only what equals a fresh load is kept: a full-weights policy after a round of
+the weights) are not kept: each round reads them from <data>/run_state, so sampling never holds them.
+Both must give the same outputs (tested: bit-identical checkpoint ids), so only what equals a fresh load is kept: a full-weights policy after a round of
 the policy-gradient family, saved in the dtype it is kept in. LoRA adapters (saving merges them)
 and models from TRL's DPO/RFT trainers are loaded again from disk.
 """

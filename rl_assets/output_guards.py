@@ -15,7 +15,7 @@ from typing import Callable
 
 from rl_assets import guards
 from rl_assets.config import Params
-from rl_assets.paths import checkpoint_key, output_path, round_prefix
+from rl_assets.paths import checkpoint_key, data_dir, output_path, round_prefix
 
 # guard name -> (blocking, description)
 TABLE = {"schema": (True, "The file carries this table's schema and version and reads back.")}
@@ -40,9 +40,13 @@ EVALUATION = {**TABLE, "accuracy_not_regressed": (False, "No checkpoint's sample
 Guards = dict[str, Callable[[], guards.Check]]
 
 
-def _read(key: str, name: str):
+def _out(key: str, p: Params) -> Path:
+    """Where output `key` of the experiment of `p` lies (paths.data_dir)."""
+    return output_path(key, data_dir(p.experiment))
+
+
+def _read(path: Path, name: str):
     """The table as on disk now, read once however many guards look at it."""
-    path = output_path(key)
     return _read_version(path, name, path.stat().st_mtime_ns if path.is_file() else None)
 
 
@@ -53,26 +57,26 @@ def _read_version(path: Path, name: str, mtime_ns: int | None):
     return read_table(path, name)
 
 
-def _mean_reward(key: str) -> float:
+def _mean_reward(path: Path) -> float:
     import pyarrow.compute as pc
 
-    return pc.mean(_read(key, "rewards")["reward"]).as_py()
+    return pc.mean(_read(path, "rewards")["reward"]).as_py()
 
 
 def _checkpoint(n: int):
     def make(p: Params) -> Guards:
         from rl_assets.checkpoints import read_lineage
 
-        path = output_path(checkpoint_key(n))
+        path = _out(checkpoint_key(n), p)
         card = lambda: read_lineage(path)  # noqa: E731
         found = {"metrics_finite": lambda: guards.checkpoint_guards(card(), p.guards)["metrics_finite"]}
         if n == 0:
-            return {**found, "lineage": lambda: guards.checkpoint_lineage(path, None, {"prompts": output_path("prompts")})}
-        tables = {t: output_path(f"{round_prefix(n)}/{t}") for t in ("rollouts", "rewards")}
+            return {**found, "lineage": lambda: guards.checkpoint_lineage(path, None, {"prompts": _out("prompts", p)})}
+        tables = {t: _out(f"{round_prefix(n)}/{t}", p) for t in ("rollouts", "rewards")}
         return {**found,
                 "kl_within_limit": lambda: guards.kl_within_limit(guards.reference_kl(card()), p.guards.kl_max),
                 "entropy_not_collapsed": lambda: guards.entropy_not_collapsed(card().get("metrics") or {}, p.guards.entropy_min),
-                "lineage": lambda: guards.checkpoint_lineage(path, output_path(checkpoint_key(n - 1)), tables)}
+                "lineage": lambda: guards.checkpoint_lineage(path, _out(checkpoint_key(n - 1), p), tables)}
 
     specs = CHECKPOINT if n else {k: CHECKPOINT[k] for k in ("metrics_finite", "lineage")}
     return specs, make
@@ -81,26 +85,27 @@ def _checkpoint(n: int):
 def _rollouts(n: int):
     key = f"{round_prefix(n)}/rollouts"
     return ROLLOUTS, lambda p: {
-        "schema": lambda: guards.table_schema(output_path(key), "rollouts"),
-        "lineage": lambda: guards.rollouts_lineage(_read(key, "rollouts"), output_path(checkpoint_key(n - 1)), output_path("prompts")),
-        "tool_errors": lambda: guards.tool_errors_within_limit(_read(key, "rollouts"), p.guards.tool_error_share_max),
-        "truncated_episodes": lambda: guards.truncated_episodes_within_limit(_read(key, "rollouts"), p.guards.truncated_episode_share_max)}
+        "schema": lambda: guards.table_schema(_out(key, p), "rollouts"),
+        "lineage": lambda: guards.rollouts_lineage(_read(_out(key, p), "rollouts"), _out(checkpoint_key(n - 1), p), _out("prompts", p)),
+        "tool_errors": lambda: guards.tool_errors_within_limit(_read(_out(key, p), "rollouts"), p.guards.tool_error_share_max),
+        "truncated_episodes": lambda: guards.truncated_episodes_within_limit(_read(_out(key, p), "rollouts"), p.guards.truncated_episode_share_max)}
 
 
 def _rewards(n: int):
     key, previous = f"{round_prefix(n)}/rewards", f"{round_prefix(n - 1)}/rewards"
     return REWARDS, lambda p: {
-        "schema": lambda: guards.table_schema(output_path(key), "rewards"),
-        "lineage": lambda: guards.rewards_lineage(_read(key, "rewards"), output_path(f"{round_prefix(n)}/rollouts")),
-        "reward_signal": lambda: guards.rewards_have_signal(_read(key, "rewards"), _truncated_share(f"{round_prefix(n)}/rollouts"),
+        "schema": lambda: guards.table_schema(_out(key, p), "rewards"),
+        "lineage": lambda: guards.rewards_lineage(_read(_out(key, p), "rewards"), _out(f"{round_prefix(n)}/rollouts", p)),
+        "reward_signal": lambda: guards.rewards_have_signal(_read(_out(key, p), "rewards"), _truncated_share(_out(f"{round_prefix(n)}/rollouts", p)),
                                                             p.rollouts.max_new_tokens),
-        "reward_not_regressed": lambda: guards.reward_not_regressed(_mean_reward(key), _mean_reward(previous) if n > 1 else None, p.guards.reward_drop_max)}
+        "reward_not_regressed": lambda: guards.reward_not_regressed(_mean_reward(_out(key, p)), _mean_reward(_out(previous, p)) if n > 1 else None,
+                                                                    p.guards.reward_drop_max)}
 
 
-def _truncated_share(key: str) -> float | None:
+def _truncated_share(path: Path) -> float | None:
     """The share of a rollouts table's completions that hit max_new_tokens (None when the table cannot be read)."""
     try:
-        truncated = _read(key, "rollouts")["truncated"].to_pylist()
+        truncated = _read(path, "rollouts")["truncated"].to_pylist()
     except (OSError, ValueError, KeyError):
         return None
     return sum(truncated) / len(truncated) if truncated else None
@@ -108,14 +113,14 @@ def _truncated_share(key: str) -> float | None:
 
 def _with_sources(key: str):
     return {**TABLE, **SOURCES}, lambda p: {
-        "schema": lambda: guards.table_schema(output_path(key), key),
-        "sources_unchanged": lambda: guards.sources_match_files(_read(key, key), Path("."))}
+        "schema": lambda: guards.table_schema(_out(key, p), key),
+        "sources_unchanged": lambda: guards.sources_match_files(_read(_out(key, p), key), Path("."))}
 
 
 def _evaluation():
     return EVALUATION, lambda p: {
-        "schema": lambda: guards.table_schema(output_path("evaluation"), "evaluation"),
-        "accuracy_not_regressed": lambda: guards.accuracy_not_regressed(_read("evaluation", "evaluation"), p.guards.accuracy_drop_max)}
+        "schema": lambda: guards.table_schema(_out("evaluation", p), "evaluation"),
+        "accuracy_not_regressed": lambda: guards.accuracy_not_regressed(_read(_out("evaluation", p), "evaluation"), p.guards.accuracy_drop_max)}
 
 
 def _guards_of(key: str):

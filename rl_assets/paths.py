@@ -1,5 +1,7 @@
-"""Where each asset lives: data/<asset key>, a `.parquet` file for tables, a folder for models (checkpoints, reward_model).
+"""Where each asset lives: <data>/<asset key>, a `.parquet` file for tables, a folder for models (checkpoints, reward_model).
 
+`<data>` is the experiment's data folder (`data_dir`): data/ for the default experiment (the project's params.yaml,
+the one DVC tracks), data/experiments/<experiment>/ for any other, so one experiment's run never overwrites another's.
 The asset key, the data path and the DVC stage name are the same words (`r01/rollouts`,
 `data/r01/rollouts.parquet`, stage `r01-rollouts`), so one name finds a stage everywhere.
 """
@@ -20,11 +22,53 @@ def checkpoint_key(round_number: int) -> str:
     return f"{round_prefix(round_number)}/checkpoint"
 
 
-def output_path(key: str, root: Path = Path(".")) -> Path:
-    """The file or folder an asset key writes, e.g. 'r01/rollouts' -> data/r01/rollouts.parquet."""
+def data_dir(experiment: str, root: Path = Path(".")) -> Path:
+    """The folder that holds an experiment's outputs and run state.
+
+    >>> data_dir("default"), data_dir("examples-gsm8k-params", Path("/p"))
+    (PosixPath('data'), PosixPath('/p/data/experiments/examples-gsm8k-params'))
+    """
+    return root / DATA if experiment == "default" else root / DATA / "experiments" / experiment
+
+
+def data_dir_of(checkpoint: Path) -> Path | None:
+    """The data folder a round's checkpoint lies in, None for any other folder (e.g. a promoted model).
+
+    >>> data_dir_of(Path("data/experiments/x/r02/checkpoint")), data_dir_of(Path("models/promoted"))
+    (PosixPath('data/experiments/x'), None)
+    """
+    return checkpoint.parent.parent if re.fullmatch(r"r\d\d", checkpoint.parent.name) else None
+
+
+def output_path(key: str, data: Path) -> Path:
+    """The file or folder an asset key writes in the data folder `data` (`data_dir`).
+
+    >>> output_path("r01/rollouts", DATA), output_path("r01/checkpoint", Path("data/experiments/x"))
+    (PosixPath('data/r01/rollouts.parquet'), PosixPath('data/experiments/x/r01/checkpoint'))
+    """
     if key.endswith("checkpoint") or key == "reward_model":  # model folders
-        return root / DATA / key
-    return root / DATA / f"{key}.parquet"
+        return data / key
+    return data / f"{key}.parquet"
+
+
+def asset_key_path(key: str, experiment: str) -> list[str]:
+    """The Dagster asset key (as its path) of output `key` in `experiment`: the output key for the default experiment,
+    under experiments/<experiment>/ for others, so each experiment has its own materializations, staleness and checks.
+
+    >>> asset_key_path("r01/rollouts", "default"), asset_key_path("r01/rollouts", "x")
+    (['r01', 'rollouts'], ['experiments', 'x', 'r01', 'rollouts'])
+    """
+    return [*([] if experiment == "default" else ["experiments", experiment]), *key.split("/")]
+
+
+def output_key(asset_key_path: list[str] | tuple[str, ...]) -> str:
+    """The output key of a Dagster asset key path, whatever its experiment.
+
+    >>> output_key(["experiments", "x", "r01", "rollouts"]), output_key(["evaluation"])
+    ('r01/rollouts', 'evaluation')
+    """
+    parts = list(asset_key_path)
+    return "/".join(parts[2:] if parts[:1] == ["experiments"] and len(parts) > 2 else parts)
 
 
 def dvc_stage_name(key: str) -> str:
@@ -32,13 +76,14 @@ def dvc_stage_name(key: str) -> str:
     return key.replace("/", "-")
 
 
-EVALUATION_METRICS = DATA / "evaluation.json"
-EVALUATION_PLOT = DATA / "evaluation.png"
+# Inside the data folder: the evaluation's metrics and plot (DVC metrics and plots for the default experiment).
+EVALUATION_METRICS = "evaluation.json"
+EVALUATION_PLOT = "evaluation.png"
 
 
-def train_state_dir(round_number: int, root: Path = Path(".")) -> Path:
+def train_state_dir(round_number: int, data: Path) -> Path:
     """Intermediate training states of a round (not an asset output: DVC and Dagster never see it)."""
-    return root / DATA / round_prefix(round_number) / "train_state"
+    return data / round_prefix(round_number) / "train_state"
 
 
 # Which compute stage writes each output (rl_assets.stages), and in what order a run writes them.

@@ -31,7 +31,7 @@ from pathlib import Path
 from rl_assets.checkpoints import read_lineage
 from rl_assets.config import Params, PromotionParams
 from rl_assets.guards import checkpoint_guards
-from rl_assets.paths import output_path
+from rl_assets.paths import data_dir, output_path
 from rl_assets.storage import atomic_path, file_hash
 
 CARD, README, HISTORY = "model_card.json", "README.md", "history.jsonl"
@@ -55,14 +55,14 @@ def read_card(path: Path) -> dict | None:
     return json.loads((path / CARD).read_text()) if (path / CARD).is_file() else None
 
 
-def rank_candidates(evaluation_rows: list[dict], root: Path, params: Params) -> list[dict]:
+def rank_candidates(evaluation_rows: list[dict], data: Path, params: Params) -> list[dict]:
     """Every evaluated checkpoint with its accuracies and failed guards, best sampled accuracy first."""
     by_checkpoint: dict[str, dict] = {}
     for row in evaluation_rows:
         entry = by_checkpoint.setdefault(row["checkpoint"], {"checkpoint": row["checkpoint"], "checkpoint_id": row["checkpoint_id"]})
         entry[row["mode"]] = row["accuracy"]
     for entry in by_checkpoint.values():
-        path = output_path(entry["checkpoint"], root)
+        path = output_path(entry["checkpoint"], data)
         try:
             card = read_lineage(path)
             stale = card["checkpoint_id"] != entry["checkpoint_id"]
@@ -207,13 +207,14 @@ def build_card(candidate: dict, params: Params, root: Path, previous: str | None
     """What the promoted model is: source checkpoint and parent, the data and rewards it saw, its metrics."""
     from rl_assets.lineage import trace_checkpoint
 
-    source = output_path(candidate["checkpoint"], root)
+    data = data_dir(params.experiment, root)
+    source, prompts = output_path(candidate["checkpoint"], data), output_path("prompts", data)
     lineage = read_lineage(source)
-    trace = trace_checkpoint(source, root)
+    trace = trace_checkpoint(source, root, data)
     return {
         "checkpoint_id": candidate["checkpoint_id"], "source": candidate["checkpoint"], "round": lineage["round"], "experiment": params.experiment,
         "parent": lineage["parent"], "algorithm": lineage["algorithm"], "code_version": lineage["code_version"],
-        "data": {"prompts": {"path": "data/prompts.parquet", "md5": file_hash(output_path("prompts", root))},
+        "data": {"prompts": {"path": os.path.relpath(prompts, root), "md5": file_hash(prompts)},
                  "raw": [{"path": os.path.relpath(s["path"], root), "md5": s["hash"]} for s in trace if s["kind"] == "raw"],
                  "rounds": [{"round": s["round"], "checkpoint_id": s["checkpoint_id"], "rollouts_md5": s["rollouts"]["hash"],
                              "rewards_md5": s["rewards"]["hash"]} for s in trace if s["kind"] == "checkpoint" and "rollouts" in s]},
@@ -247,8 +248,9 @@ def run_promotion(params: Params, root: Path, device: str) -> tuple[dict, Path]:
     from rl_assets.evaluation import evaluation_key
     from rl_assets.schemas import read_table
 
-    models, key = models_dir(params.promotion, root), evaluation_key(params, root)
-    ranked = rank_candidates(read_table(output_path("evaluation", root), "evaluation").to_pylist(), root, params)
+    data = data_dir(params.experiment, root)
+    models, key = models_dir(params.promotion, root), evaluation_key(params, data)
+    ranked = rank_candidates(read_table(output_path("evaluation", data), "evaluation").to_pylist(), data, params)
     candidate = next((c for c in ranked if not c["failed"]), None)
     current = read_card(models / "promoted")
     current_accuracy = None
@@ -259,10 +261,10 @@ def run_promotion(params: Params, root: Path, device: str) -> tuple[dict, Path]:
                   f"promotion.directory (e.g. models/experiments/{params.experiment}) to promote its models there.")
     else:
         if current is not None:
-            current_accuracy = current["evaluation"]["sampled"] if current["evaluation"]["key"] == key else _evaluate(models / "promoted", params, root, device)
+            current_accuracy = current["evaluation"]["sampled"] if current["evaluation"]["key"] == key else _evaluate(models / "promoted", params, data, device)
         promoted, reason = decide(candidate, current, current_accuracy, params.promotion.min_improvement)
     if promoted:
-        promote(output_path(candidate["checkpoint"], root), build_card(candidate, params, root, current and current["checkpoint_id"], key), models)
+        promote(output_path(candidate["checkpoint"], data), build_card(candidate, params, root, current and current["checkpoint_id"], key), models)
     elif current is None:
         raise ValueError(f"nothing to promote: {reason}; failed guards: { {c['checkpoint']: c['failed'] for c in ranked} }")
     table = "\n".join(["| checkpoint | sampled | greedy | failed guards |", "|---|---|---|---|"] +
@@ -271,13 +273,13 @@ def run_promotion(params: Params, root: Path, device: str) -> tuple[dict, Path]:
     card = read_card(models / "promoted")
     metadata = {"promoted": promoted, "reason": reason, "checkpoint_id": card["checkpoint_id"], "source": card["source"],
                 "sampled_accuracy": card["evaluation"]["sampled"], "candidates": {"type": "md", "raw_value": table},
-                "rounds": {"type": "md", "raw_value": _rounds_plot(root)}}
+                "rounds": {"type": "md", "raw_value": _rounds_plot(data)}}
     if current_accuracy is not None:
         metadata["previous_sampled_accuracy"] = current_accuracy
     return metadata, models / "promoted"
 
 
-def _rounds_plot(root: Path) -> str:
+def _rounds_plot(data: Path) -> str:
     """Reward, accuracy, KL, loss and entropy by round, as an inline image for the UI."""
     import base64
     import tempfile
@@ -285,13 +287,13 @@ def _rounds_plot(root: Path) -> str:
     from rl_assets.tracking import round_rows, rounds_figure
 
     with tempfile.TemporaryDirectory() as tmp:
-        png = rounds_figure(round_rows(root), Path(tmp) / "rounds.png").read_bytes()
+        png = rounds_figure(round_rows(data), Path(tmp) / "rounds.png").read_bytes()
     return f"![metrics by round](data:image/png;base64,{base64.b64encode(png).decode()})"
 
 
-def _evaluate(path: Path, params: Params, root: Path, device: str) -> float:
+def _evaluate(path: Path, params: Params, data: Path, device: str) -> float:
     """Sampled accuracy of the model at `path` on this run's held-out prompts (kept by checkpoint id, like every evaluation)."""
     from rl_assets.evaluation import evaluated
 
-    rows, _ = evaluated(path, params, root, device)
+    rows, _ = evaluated(path, params, data, device)
     return next(r["accuracy"] for r in rows if r["mode"] == "sampled")

@@ -79,14 +79,13 @@ def accuracy_plot(report: list[dict], reward_means: dict[int, float], path: Path
     return base64.b64encode(path.read_bytes()).decode()
 
 
-def summary_text(root: Path = Path(".")) -> str:
-    """The evaluation report as a plain-text table: accuracy per checkpoint, greedy and sampled, with pass@k and mean reward."""
+def summary_text(data: Path = Path("data")) -> str:
+    """The evaluation report of the data folder `data` (paths.data_dir) as a plain-text table: accuracy per checkpoint,
+    greedy and sampled, with pass@k and mean reward."""
     from rl_assets.paths import output_path
-    from rl_assets.schemas import read_table
+    from rl_assets.schemas import read_table, table_lineage
 
-    from rl_assets.schemas import table_lineage
-
-    path = output_path("evaluation", root)
+    path = output_path("evaluation", data)
     rows = read_table(path, "evaluation").to_pylist()
     experiment = table_lineage(path).get("experiment")
     by_checkpoint: dict[str, dict] = {}

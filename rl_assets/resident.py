@@ -18,10 +18,11 @@ from typing import Iterator
 from rl_assets.config import Params
 from rl_assets.loaded import Loaded
 from rl_assets.output_guards import GuardFailed, GuardResult, evaluate_guards, stop_if_blocked
-from rl_assets.paths import flow_order, stage_of
+from rl_assets.paths import data_dir, flow_order, output_path, stage_of
 from rl_assets.stages import run_stage
 
 WRITING = "while writing "
+WRITING_PATH = "output path: "
 
 
 @dataclass
@@ -49,6 +50,7 @@ def write_outputs(keys: list[str], params: Params, root: Path = Path("."), loade
             metadata, path = run_stage(stage, params, round_number, root, loaded)
         except Exception as error:
             error.add_note(f"{WRITING}{key}")  # which output failed, for the error report (pipes_child.report_failure)
+            error.add_note(f"{WRITING_PATH}{output_path(key, data_dir(params.experiment, root))}")
             raise
         if stage in ("rollouts", "train"):  # 0 once the run is under way: what residency saves, on the output itself
             metadata = {**metadata, "models_loaded_from_disk": sum(loaded.loads.values()) - before}

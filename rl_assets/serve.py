@@ -39,7 +39,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rl_assets.config import Params
 from rl_assets.health import StatusCache, health_body
 from rl_assets.heartbeat import running_steps, timeout_seconds
-from rl_assets.paths import DATA
+from rl_assets.paths import data_dir
 from rl_assets.serve_metrics import ProjectCollector, ServerMetrics
 from rl_assets.serve_models import BadRequest, Batcher, Busy, Job, ModelPool, Sampling, UnknownModel
 
@@ -91,8 +91,9 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
     `max_request_tokens` (default 64 completions of `max_tokens`) and `max_queued_tokens` (default 4x that) are the budget."""
     timeout = timeout_seconds() if heartbeat_timeout is None else heartbeat_timeout
     status = StatusCache(root, status_interval, status_command)
-    metrics = ServerMetrics(ProjectCollector(root, status, timeout))
-    pool = ModelPool(root, params.promotion, device)
+    data = data_dir(params.experiment, root)  # the experiment's rounds (rNN names) and metrics
+    metrics = ServerMetrics(ProjectCollector(root, data, status, timeout))
+    pool = ModelPool(root, params.promotion, data, device)
     batcher = Batcher(pool, max_batch=max_batch, on_batch=metrics.on_batch, max_request_tokens=max_request_tokens or 64 * max_tokens,
                       max_queued_tokens=max_queued_tokens, rendering=params.prompts)
 
@@ -142,7 +143,7 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
 
     @app.get("/v1/models")
     async def models():
-        names = ["promoted", *sorted(p.parent.parent.name for p in (root / DATA).glob("r*/checkpoint/lineage.json"))]
+        names = ["promoted", *sorted(p.parent.parent.name for p in data.glob("r*/checkpoint/lineage.json"))]
         listed = []
         for name in names:
             with contextlib.suppress(UnknownModel):

@@ -56,8 +56,8 @@ def gpu_memory() -> list[dict]:
 class ProjectCollector:
     """Gauges from the project's files and the status cache, computed at each scrape."""
 
-    def __init__(self, root: Path, status, heartbeat_timeout: float):
-        self.root, self.status, self.heartbeat_timeout = root, status, heartbeat_timeout
+    def __init__(self, root: Path, data: Path, status, heartbeat_timeout: float):
+        self.root, self.data, self.status, self.heartbeat_timeout = root, data, status, heartbeat_timeout
 
     def collect(self):
         from rl_assets.tracking import round_rows
@@ -67,7 +67,7 @@ class ProjectCollector:
         def gauge(name: str, help_text: str, labels: list[str]) -> GaugeMetricFamily:
             return families.setdefault(name, GaugeMetricFamily(name, help_text, labels=labels))
 
-        for row in round_rows(self.root):
+        for row in round_rows(self.data):
             for key, value in row.items():
                 if not isinstance(value, (int, float)) or isinstance(value, bool) or key == "step":
                     continue

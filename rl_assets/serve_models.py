@@ -92,14 +92,14 @@ def lineage_of(path: Path) -> dict:
 class ModelPool:
     """Checkpoint folders by request name (promoted, rNN, a folder inside the project, an id prefix), models by checkpoint id."""
 
-    def __init__(self, root: Path, promotion: PromotionParams, device: str = "cpu", keep: int = 2):
-        self.root, self.promotion, self.device, self.keep = root, promotion, device, keep
+    def __init__(self, root: Path, promotion: PromotionParams, data: Path, device: str = "cpu", keep: int = 2):
+        self.root, self.promotion, self.data, self.device, self.keep = root, promotion, data, device, keep
         self.loaded: dict[str, tuple] = {}  # checkpoint id -> (model, tokenizer); touched by the worker thread only
 
     def resolve(self, name: str) -> tuple[Path, dict]:
         """(folder, lineage) of a model name; `UnknownModel` when there is none (or it lies outside the project)."""
         try:
-            path = resolve_checkpoint(name, self.promotion, self.root)
+            path = resolve_checkpoint(name, self.promotion, self.root, self.data)
         except FileNotFoundError as error:
             raise UnknownModel(str(error)) from None
         if not path.resolve().is_relative_to(self.root.resolve()):

@@ -1,4 +1,4 @@
-"""The compute stages: each reads its inputs from data/, writes its output atomically and returns the metadata a user looks at.
+"""The compute stages: each reads its inputs from the experiment's data folder (paths.data_dir), writes its output atomically and returns the metadata a user looks at.
 
 `run_stage` runs one; `rl_assets.resident` runs several in one process with the same `Loaded`
 models; `rl_assets.compute` is the command line. Every stage seeds torch from params before it
@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from rl_assets.checkpoints import checkpoint_id, read_lineage, save_checkpoint
 from rl_assets.config import EPISODE_KEYS, Params
-from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, output_path, round_prefix, train_state_dir
+from rl_assets.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, data_dir, output_path, round_prefix, train_state_dir
 from rl_assets.precision import compute_autocast, resolve_mixed_precision, weights_dtype
 from rl_assets.reports import accuracy_plot, episodes_markdown, gain_text, markdown_table
 from rl_assets.schemas import EVALUATION, ROLLOUTS, read_table, table_lineage, write_table
@@ -36,11 +36,12 @@ ROUND_STAGES = ("rollouts", "rewards", "train")
 
 def run_sft(params: Params, root: Path, device: str) -> dict:
     """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
+    data = data_dir(params.experiment, root)
     from rl_assets.models import load_base_model, load_policy
     from rl_assets.promotion import warm_start_path
     from rl_assets.sft import warm_start
 
-    prompts_path = output_path("prompts", root)
+    prompts_path = output_path("prompts", data)
     prompts = read_table(prompts_path, "prompts")
     promoted = warm_start_path(params.promotion, root)
     if promoted is not None:  # the promoted model already went through SFT and RL: continue from it as is
@@ -58,7 +59,7 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
                "algorithm": algorithm,
                "params_hash": params.section_hash("seed", "model", "sft"), **stage_lineage("sft", params, ["seed", "model", "sft", *EPISODE_KEYS[:3]]),
                "metrics": metrics, "num_parameters": sum(p.numel() for p in model.parameters())}
-    path = output_path(checkpoint_key(0), root)
+    path = output_path(checkpoint_key(0), data)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     save_checkpoint(model, tokenizer, path, lineage)
@@ -72,10 +73,11 @@ def precision(params: Params, device: str) -> str:
 
 def run_rollouts(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
     """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint."""
+    data = data_dir(params.experiment, root)
     from rl_assets.rollouts import sample_rollouts
 
-    policy_path = output_path(checkpoint_key(round_number - 1), root)
-    prompts_path = output_path("prompts", root)
+    policy_path = output_path(checkpoint_key(round_number - 1), data)
+    prompts_path = output_path("prompts", data)
     mode = precision(params, device)
     model, tokenizer = loaded.policy(policy_path, device, weights_dtype(mode))
     started = time.perf_counter()
@@ -83,7 +85,7 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
                             seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
                             model_path=str(policy_path), autocast=compute_autocast(mode, device), loaded=loaded)
     elapsed = time.perf_counter() - started
-    write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", root), ROLLOUTS, "rollouts",
+    write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", data), ROLLOUTS, "rollouts",
                 lineage=stage_lineage("rollouts", params, ["seed", "rollouts"]))
     lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
     samples = [[p, c, a] for p, c, a in zip(table["prompt"].to_pylist()[:8], table["completion"].to_pylist()[:8], table["answer"].to_pylist()[:8])]
@@ -103,23 +105,25 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
 
 def run_rewards(params: Params, round_number: int, root: Path) -> dict:
     """rNN/rewards: every rollout of the round scored by the configured reward functions (rescoring never resamples)."""
+    data = data_dir(params.experiment, root)
     from rl_assets.rewards import score_rollouts, summarize_rewards
 
-    source = output_path(f"{round_prefix(round_number)}/rollouts", root)
+    source = output_path(f"{round_prefix(round_number)}/rollouts", data)
     table = score_rollouts(read_table(source, "rollouts"), params.rewards, file_hash(source))
-    path = write_table(table, output_path(f"{round_prefix(round_number)}/rewards", root), table.schema, "rewards",  # keeps each score's weight
+    path = write_table(table, output_path(f"{round_prefix(round_number)}/rewards", data), table.schema, "rewards",  # keeps each score's weight
                        lineage=stage_lineage("rewards", params, ["rewards"]))
     return {"path": str(path), **summarize_rewards(table, params.rollouts.samples_per_prompt)}
 
 
 def run_train(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
     """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
+    data = data_dir(params.experiment, root)
     from rl_assets.models import load_trainable_policy
     from rl_assets.train_state import fingerprint, save_carried_optimizer
 
     prefix = round_prefix(round_number)
-    parent, base = output_path(checkpoint_key(round_number - 1), root), output_path(checkpoint_key(0), root)
-    rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", root), output_path(f"{prefix}/rewards", root)
+    parent, base = output_path(checkpoint_key(round_number - 1), data), output_path(checkpoint_key(0), data)
+    rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", data), output_path(f"{prefix}/rewards", data)
     rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
     trained_on = {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}
     world = dist.get_world_size() if dist.is_initialized() else 1
@@ -141,12 +145,12 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
 
         ref_model = loaded.reference(base, device) if train.beta > 0 else None
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
-        carried = parent_moments(parent, root, device) if train.carry_optimizer_state else None
+        carried = parent_moments(parent, data, device) if train.carry_optimizer_state else None
         model, metrics, history, optimizer_state = train_on_rollouts(
             model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
             temperature=params.rollouts.temperature,
             pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
-            state_dir=train_state_dir(round_number, root), fingerprint=state,
+            state_dir=train_state_dir(round_number, data), fingerprint=state,
             optimizer_state=carried)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
@@ -158,41 +162,41 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
         loaded.drop_reference()
     carries = optimizer_state is not None and train.carry_optimizer_state
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
-               "carries_optimizer_state": carries,  # its moments are in data/run_state: the next round must continue them
+               "carries_optimizer_state": carries,  # its moments are in <data>/run_state: the next round must continue them
                "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
                "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history,
                **stage_lineage("train", params, ["seed", "train"])}
     for table_path in (rollouts_path, rewards_path):  # the code that sampled and scored what this round trained on
         lineage["code"].update(table_lineage(table_path).get("code", {}))
-    saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), root), lineage, lora=train.lora)
+    saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), data), lineage, lora=train.lora)
     if carries:  # a later process (or a rerun after a crash) reads it; the moments of checkpoints no longer on disk go
-        save_carried_optimizer(optimizer_state, saved_id, round_number, root, keep=current_checkpoint_ids(params.rounds, root))
+        save_carried_optimizer(optimizer_state, saved_id, round_number, data, keep=current_checkpoint_ids(params.rounds, data))
     del optimizer_state  # twice the weights' size: read back from disk by the next round, not held through its sampling
     if keep:
         loaded.keep_policy(model, tokenizer, saved_id, device, dtype)
-    shutil.rmtree(train_state_dir(round_number, root), ignore_errors=True)  # the round is done; its resume points are not needed
+    shutil.rmtree(train_state_dir(round_number, data), ignore_errors=True)  # the round is done; its resume points are not needed
     return metrics
 
 
-def parent_moments(parent: Path, root: Path, device: str) -> dict | None:
+def parent_moments(parent: Path, data: Path, device: str) -> dict | None:
     """The AdamW moments `parent` was saved with (None when it carried none: r00, DPO/RFT, carry off);
     raises MissingRunState when it did and they are gone: training on without them would make another model."""
     from rl_assets.train_state import MissingRunState, carried_optimizer_path, load_carried_optimizer
 
     card = read_lineage(parent)
-    moments = load_carried_optimizer(card["checkpoint_id"], root, device)
+    moments = load_carried_optimizer(card["checkpoint_id"], data, device)
     if moments is None and card.get("carries_optimizer_state"):
         raise MissingRunState(
             f"{parent} was trained with train.carry_optimizer_state and its AdamW moments are gone "
-            f"({carried_optimizer_path(card['checkpoint_id'], root)}): the next round would train without them and make another "
+            f"({carried_optimizer_path(card['checkpoint_id'], data)}): the next round would train without them and make another "
             f"model. `rl-assets run` trains that round again to recreate them; "
             f"--set train.carry_optimizer_state=false starts every round from a fresh optimizer instead.")
     return moments
 
 
-def current_checkpoint_ids(rounds: int, root: Path) -> frozenset[str]:
+def current_checkpoint_ids(rounds: int, data: Path) -> frozenset[str]:
     """The ids of the checkpoints r00..rR on disk now (whose carried moments a later round may need)."""
-    paths = (output_path(checkpoint_key(n), root) for n in range(rounds + 1))
+    paths = (output_path(checkpoint_key(n), data) for n in range(rounds + 1))
     return frozenset(checkpoint_id(p) for p in paths if (p / "lineage.json").is_file())
 
 
@@ -209,7 +213,7 @@ def with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, d
     mode = precision(params, device)
     started = time.perf_counter()
     try:
-        rows, reused = evaluated(checkpoint, params, root, device, mode, load=lambda: loaded.policy(checkpoint, device, weights_dtype(mode)))
+        rows, reused = evaluated(checkpoint, params, data_dir(params.experiment, root), device, mode, load=lambda: loaded.policy(checkpoint, device, weights_dtype(mode)))
     except Exception as error:  # e.g. a reward that raises: its own asset fails with it; the checkpoint is fine
         print(f"warning: held-out evaluation of {checkpoint} failed: {type(error).__name__}: {error}", file=sys.stderr)
         return {**metadata, "heldout_error": f"{type(error).__name__}: {error}"[:500]}
@@ -219,13 +223,14 @@ def with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, d
 
 def run_evaluation(params: Params, root: Path, device: str) -> dict:
     """evaluation: every checkpoint r00..rR on the held-out prompts, greedy and sampled."""
+    data = data_dir(params.experiment, root)
     from rl_assets.evaluation import evaluated, paired_difference
     from rl_assets.tracking import write_round_plots
 
     report, examples, reused = [], [], 0
     for round_number in range(params.rounds + 1):
-        path = output_path(checkpoint_key(round_number), root)
-        rows, was_done = evaluated(path, params, root, device, precision(params, device))  # usually done by the step that made it
+        path = output_path(checkpoint_key(round_number), data)
+        rows, was_done = evaluated(path, params, data, device, precision(params, device))  # usually done by the step that made it
         reused += was_done
         for row in rows:
             examples += [[checkpoint_key(round_number), row["mode"], *e] for e in row.pop("examples")[:3]]
@@ -237,16 +242,16 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
         if base and row is not base and base.get("correct_per_prompt") and row.get("correct_per_prompt"):
             row["gain_se"] = paired_difference(base["correct_per_prompt"], row["correct_per_prompt"], row["n_samples"])[1]
     table = pa.Table.from_pylist(report, schema=EVALUATION)
-    write_table(table, output_path("evaluation", root), EVALUATION, "evaluation",
+    write_table(table, output_path("evaluation", data), EVALUATION, "evaluation",
                 lineage=stage_lineage("evaluation", params, ["seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS]))
     summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_{metric}": round(r[metric], 4)
                for r in report for metric in ("accuracy", "reward_mean", "pass_at_k", "gain", "gain_se") if r.get(metric) is not None}
     import json
 
-    (root / EVALUATION_METRICS).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    write_round_plots(root)
-    reward_means = {n: read_lineage(output_path(checkpoint_key(n), root))["metrics"]["reward_mean"] for n in range(1, params.rounds + 1)}
-    plot = accuracy_plot(report, reward_means, root / EVALUATION_PLOT)
+    (data / EVALUATION_METRICS).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_round_plots(data)
+    reward_means = {n: read_lineage(output_path(checkpoint_key(n), data))["metrics"]["reward_mean"] for n in range(1, params.rounds + 1)}
+    plot = accuracy_plot(report, reward_means, data / EVALUATION_PLOT)
     accuracy_rows = [[r["checkpoint"], r["mode"], f"{r['accuracy']:.3f}", gain_text(r), f"{r['pass_at_k']:.3f}", f"{r['reward_mean']:.3f}",
                       r["n_prompts"] * r["n_samples"]] for r in report]
     return {
@@ -283,25 +288,25 @@ def _run_stage(stage: str, params: Params, round_number: int | None, root: Path,
     if stage in ROUND_STAGES and (round_number is None or not 1 <= round_number <= params.rounds):
         raise ValueError(f"{stage} needs --round between 1 and rounds={params.rounds}")
     torch.manual_seed(params.seed * 1000 + (round_number or 0))  # e.g. fresh LoRA adapters: the same whatever ran before
-    device = step_device(params)
+    device, data = step_device(params), data_dir(params.experiment, root)
     if stage == "sft":
-        path = output_path(checkpoint_key(0), root)
+        path = output_path(checkpoint_key(0), data)
         return with_heldout(run_sft(params, root, device), path, params, root, device, loaded), path
     if stage == "rollouts":
-        return run_rollouts(params, round_number, root, device, loaded), output_path(f"{round_prefix(round_number)}/rollouts", root)
+        return run_rollouts(params, round_number, root, device, loaded), output_path(f"{round_prefix(round_number)}/rollouts", data)
     if stage == "rewards":
-        return run_rewards(params, round_number, root), output_path(f"{round_prefix(round_number)}/rewards", root)
+        return run_rewards(params, round_number, root), output_path(f"{round_prefix(round_number)}/rewards", data)
     if stage == "train":
-        path = output_path(checkpoint_key(round_number), root)
+        path = output_path(checkpoint_key(round_number), data)
         return with_heldout(run_train(params, round_number, root, device, loaded), path, params, root, device, loaded), path
     if stage == "evaluation":
-        return run_evaluation(params, root, device), output_path("evaluation", root)
+        return run_evaluation(params, root, device), output_path("evaluation", data)
     if stage == "reward_model":
         from rl_assets.reward_model import train_reward_model
 
         if params.reward_model is None:
             raise ValueError("the reward_model stage needs a reward_model section in params")
-        path = output_path("reward_model", root)
+        path = output_path("reward_model", data)
         return train_reward_model(params.reward_model, params.seed, path, use_cpu=not device.startswith("cuda")), path
     from rl_assets.promotion import run_promotion
 

@@ -13,20 +13,20 @@ from pathlib import Path
 from rl_assets.checkpoints import read_lineage
 from rl_assets.config import Params
 from rl_assets.heartbeat import running_steps
-from rl_assets.paths import DATA, output_path
+from rl_assets.paths import data_dir, output_path
 from rl_assets.promotion import history, models_dir, read_card
 
 
-def checkpoint_rounds(root: Path) -> list[int]:
-    """Rounds with a finished checkpoint folder (one with a lineage card), ascending."""
-    found = (re.fullmatch(r"r(\d\d)", p.parent.parent.name) for p in (root / DATA).glob("r*/checkpoint/lineage.json"))
+def checkpoint_rounds(data: Path) -> list[int]:
+    """Rounds with a finished checkpoint folder (one with a lineage card) in the data folder `data`, ascending."""
+    found = (re.fullmatch(r"r(\d\d)", p.parent.parent.name) for p in data.glob("r*/checkpoint/lineage.json"))
     return sorted(int(m.group(1)) for m in found if m)
 
 
-def _evaluation(root: Path) -> dict | None:
+def _evaluation(data: Path, root: Path) -> dict | None:
     from rl_assets.schemas import read_table
 
-    path = output_path("evaluation", root)
+    path = output_path("evaluation", data)
     if not path.is_file():
         return None
     accuracy: dict[str, dict] = {}
@@ -35,14 +35,14 @@ def _evaluation(root: Path) -> dict | None:
     return {"path": str(path.relative_to(root)), "accuracy": accuracy}
 
 
-def data_experiments(root: Path) -> dict[str, str]:
-    """{output: the experiment that made it} for the checkpoints and the evaluation table in data/ (outputs of earlier
-    versions, which did not record it, are left out). All experiments write data/ (see the README): after another
-    experiment's run, what is there is that experiment's."""
+def data_experiments(data: Path) -> dict[str, str]:
+    """{output: the experiment that made it} for the checkpoints and the evaluation table in the data folder `data` (outputs
+    of earlier versions, which did not record it, are left out). Before each experiment had its own data folder, all of
+    them wrote data/: what another experiment left there is not this one's."""
     from rl_assets.schemas import table_lineage
 
-    made = {f"r{n:02d}/checkpoint": read_lineage(output_path(f"r{n:02d}/checkpoint", root)).get("experiment") for n in checkpoint_rounds(root)}
-    evaluation = output_path("evaluation", root)
+    made = {f"r{n:02d}/checkpoint": read_lineage(output_path(f"r{n:02d}/checkpoint", data)).get("experiment") for n in checkpoint_rounds(data)}
+    evaluation = output_path("evaluation", data)
     if evaluation.is_file():
         try:
             made["evaluation"] = table_lineage(evaluation).get("experiment")
@@ -52,13 +52,14 @@ def data_experiments(root: Path) -> dict[str, str]:
 
 
 def project_status(root: Path, params: Params) -> dict:
-    """Current round, last checkpoint and its metrics, the evaluation, the promoted model, the heartbeats of running steps,
-    and the outputs in data/ that another experiment made and this one does not (`other_experiment_outputs`: rounds past its
-    own, or an evaluation of that experiment's checkpoints)."""
-    rounds = checkpoint_rounds(root)
+    """Current round, last checkpoint and its metrics, the evaluation, the promoted model, the heartbeats of running steps
+    (of the project: they share its devices), and the outputs in the experiment's data folder that another experiment made
+    (`other_experiment_outputs`: left in data/ by versions before data folders were kept apart)."""
+    data = data_dir(params.experiment, root)
+    rounds = checkpoint_rounds(data)
     latest = None
     if rounds:
-        card = read_lineage(output_path(f"r{rounds[-1]:02d}/checkpoint", root))
+        card = read_lineage(output_path(f"r{rounds[-1]:02d}/checkpoint", data))
         latest = {"checkpoint": f"r{rounds[-1]:02d}/checkpoint", "checkpoint_id": card["checkpoint_id"], "algorithm": card.get("algorithm"),
                   "metrics": card.get("metrics", {})}
     models = models_dir(params.promotion, root)
@@ -67,11 +68,9 @@ def project_status(root: Path, params: Params) -> dict:
     if card:
         promoted = {key: card.get(key) for key in ("checkpoint_id", "source", "promoted_at", "previous")}
         promoted.update(sampled_accuracy=card["evaluation"]["sampled"], history_events=len(history(models)))
-    # Outputs this experiment shares with another (an r00 of the same params) are its own too; those beyond its rounds are not.
-    other = {key: experiment for key, experiment in data_experiments(root).items()
-             if experiment != params.experiment and (key == "evaluation" or int(key[1:3]) > params.rounds)}
+    other = {key: experiment for key, experiment in data_experiments(data).items() if experiment != params.experiment}
     return {"rounds_configured": params.rounds, "current_round": rounds[-1] if rounds else None, "latest_checkpoint": latest,
-            "evaluation": _evaluation(root), "promoted_model": promoted, "running_steps": running_steps(root),
+            "data": str(data.relative_to(root)), "evaluation": _evaluation(data, root), "promoted_model": promoted, "running_steps": running_steps(root),
             "other_experiment_outputs": other}
 
 

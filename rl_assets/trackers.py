@@ -18,7 +18,7 @@ import re
 from pathlib import Path
 
 from rl_assets.config import Params
-from rl_assets.paths import DATA
+from rl_assets.paths import data_dir
 from rl_assets.tracking import round_rows
 
 RUN_TAG = "rl_assets.run_id"
@@ -49,7 +49,7 @@ def lineage_ids(root: Path, params: Params) -> dict[str, str]:
     from rl_assets.promotion import promoted_path, read_card
 
     ids = {}
-    for card in sorted((root / DATA).glob("r*/checkpoint/lineage.json")):
+    for card in sorted(data_dir(params.experiment, root).glob("r*/checkpoint/lineage.json")):
         lineage, name = read_lineage(card.parent), card.parent.parent.name
         ids.update({f"lineage.{name}.checkpoint_id": lineage["checkpoint_id"], f"lineage.{name}.parent": str(lineage.get("parent")),
                     f"lineage.{name}.params_hash": str(lineage.get("params_hash"))})
@@ -115,12 +115,12 @@ def log_wandb(root: Path, params: Params, run_id: str, rows: list[dict], ids: di
 
 def log_run(root: Path, params: Params, run_id: str) -> dict[str, str]:
     """Log the project's rounds to every backend of `params.tracking`; returns backend -> where it went."""
-    rows, ids, done = round_rows(root), lineage_ids(root, params), {}
+    rows, ids, done = round_rows(data_dir(params.experiment, root)), lineage_ids(root, params), {}
     for backend in params.tracking.backends:
         if backend == "tensorboard":
             from rl_assets.tracking import export_tensorboard
 
-            done[backend] = str(export_tensorboard(root))
+            done[backend] = str(export_tensorboard(data_dir(params.experiment, root)))
         elif backend == "mlflow":
             done[backend] = log_mlflow(root, params, run_id, rows, ids)
         elif backend == "wandb":

@@ -16,8 +16,9 @@ from pathlib import Path
 from rl_assets.checkpoints import read_lineage
 from rl_assets.paths import DATA, checkpoint_key, output_path
 
-TENSORBOARD = DATA / "tensorboard"
-ROUND_PLOTS = DATA / "evaluation_rounds"  # the same by-round curves for `dvc plots show`
+# Inside an experiment's data folder (paths.data_dir):
+TENSORBOARD = "tensorboard"
+ROUND_PLOTS = "evaluation_rounds"  # the same by-round curves for `dvc plots show`
 # Panels of the by-round figure: both accuracies; of the other groups, the first metric the cards have.
 PANELS = {"reward": ["train/reward_mean"], "held-out accuracy": ["eval/sampled_accuracy", "eval/greedy_accuracy"],
           "KL to reference": ["train/kl", "train/kl_ref"], "loss": ["train/loss"], "entropy": ["train/entropy"]}
@@ -38,13 +39,13 @@ def write_scalars(logdir: str | Path, rows: list[dict], prefix: str = "") -> int
     return written
 
 
-def round_rows(root: Path) -> list[dict]:
-    """Per round: the checkpoint's training metrics (train/...) and its held-out accuracy (eval/...)."""
+def round_rows(data: Path) -> list[dict]:
+    """Per round of the data folder `data`: the checkpoint's training metrics (train/...) and its held-out accuracy (eval/...)."""
     rows: dict[int, dict] = {}
-    for card in sorted((root / DATA).glob("r*/checkpoint/lineage.json")):
+    for card in sorted(data.glob("r*/checkpoint/lineage.json")):
         lineage = read_lineage(card.parent)
         rows[lineage["round"]] = {"step": lineage["round"], **{f"train/{k}": v for k, v in (lineage.get("metrics") or {}).items()}}
-    evaluation = output_path("evaluation", root)
+    evaluation = output_path("evaluation", data)
     if evaluation.is_file():
         from rl_assets.schemas import read_table
 
@@ -55,28 +56,28 @@ def round_rows(root: Path) -> list[dict]:
     return [rows[n] for n in sorted(rows)]
 
 
-def write_round_plots(root: Path = Path(".")) -> Path:
-    """ROOT/data/evaluation_rounds/<metric>.csv, columns `round,value`: one `dvc plots show` plot per metric of PANELS."""
+def write_round_plots(data: Path = DATA) -> Path:
+    """DATA/evaluation_rounds/<metric>.csv, columns `round,value`: one `dvc plots show` plot per metric of PANELS."""
     from rl_assets.storage import atomic_path
 
-    rows = round_rows(root)
+    rows = round_rows(data)
     names = [name for names in PANELS.values() for name in names if any(name in row for row in rows)]
-    with atomic_path(root / ROUND_PLOTS, is_dir=True) as tmp:
+    with atomic_path(data / ROUND_PLOTS, is_dir=True) as tmp:
         for name in names:
             points = [f"{row['step']},{row[name]}" for row in rows if isinstance(row.get(name), (int, float))]
             (tmp / f"{name.replace('/', '_')}.csv").write_text("\n".join(["round,value", *points]) + "\n")
-    return root / ROUND_PLOTS
+    return data / ROUND_PLOTS
 
 
-def export_tensorboard(root: Path = Path(".")) -> Path:
-    """Rewrite ROOT/data/tensorboard from scratch (a rerun must not append duplicate points)."""
-    logdir = root / TENSORBOARD
+def export_tensorboard(data: Path = DATA) -> Path:
+    """Rewrite DATA/tensorboard from scratch (a rerun must not append duplicate points)."""
+    logdir = data / TENSORBOARD
     shutil.rmtree(logdir, ignore_errors=True)
-    for card in sorted((root / DATA).glob("r*/checkpoint/lineage.json")):
+    for card in sorted(data.glob("r*/checkpoint/lineage.json")):
         history = read_lineage(card.parent).get("history") or []
         if history:
             write_scalars(logdir / card.parent.parent.name, history, prefix="train/")
-    write_scalars(logdir / "rounds", round_rows(root))
+    write_scalars(logdir / "rounds", round_rows(data))
     return logdir
 
 
@@ -108,4 +109,4 @@ def rounds_figure(rows: list[dict], path: Path) -> Path:
 
 
 if __name__ == "__main__":
-    print(export_tensorboard(Path(sys.argv[1]) if len(sys.argv) > 1 else Path(".")))
+    print(export_tensorboard(Path(sys.argv[1]) if len(sys.argv) > 1 else DATA))  # a data folder, e.g. data/experiments/x

@@ -1,6 +1,6 @@
 """Resumable training inside a round: save the full state every `save_steps`, resume only a matching one.
 
-A state folder `data/rNN/train_state/step-000040/` holds what `Accelerator.save_state` writes (model,
+A state folder `<data>/rNN/train_state/step-000040/` (paths.train_state_dir) holds what `Accelerator.save_state` writes (model,
 optimizer, scheduler, every process's RNG) plus `trainer_state.json` with the step and a fingerprint
 of everything that decides the result: the train params, the input tables' hashes, the parent
 checkpoint, the world size and the seed. A rerun after a crash continues from the newest state whose
@@ -88,37 +88,38 @@ class MissingRunState(RuntimeError):
     """Training needs run state (carried moments) that a parent checkpoint saved and that is gone."""
 
 
-def carried_optimizer_dir(root: Path = Path(".")) -> Path:
-    return root / "data" / "run_state" / "optimizer"
+def carried_optimizer_dir(data: Path) -> Path:
+    """<data>/run_state/optimizer: carried moments of the experiment whose data folder (paths.data_dir) is `data`."""
+    return data / "run_state" / "optimizer"
 
 
-def carried_optimizer_path(checkpoint_id: str, root: Path = Path(".")) -> Path:
+def carried_optimizer_path(checkpoint_id: str, data: Path) -> Path:
     """Where the moments saved with checkpoint `checkpoint_id` live."""
-    return carried_optimizer_dir(root) / f"{checkpoint_id}.pt"
+    return carried_optimizer_dir(data) / f"{checkpoint_id}.pt"
 
 
-def save_carried_optimizer(state: dict, checkpoint_id: str, round_number: int, root: Path = Path("."),
+def save_carried_optimizer(state: dict, checkpoint_id: str, round_number: int, data: Path,
                            keep: frozenset[str] = frozenset()) -> Path:
     """Save `state`, the moments after training checkpoint `checkpoint_id`; remove other checkpoints' moments except `keep`."""
     import torch
 
     from rl_assets.storage import atomic_path
 
-    path = carried_optimizer_path(checkpoint_id, root)
+    path = carried_optimizer_path(checkpoint_id, data)
     with atomic_path(path) as tmp:
         torch.save({"checkpoint_id": checkpoint_id, "round": round_number, "optimizer": state}, tmp)
-    for other in carried_optimizer_dir(root).glob("*.pt"):
+    for other in carried_optimizer_dir(data).glob("*.pt"):
         if other.stem not in keep | {checkpoint_id}:
             other.unlink(missing_ok=True)
-    (root / "data" / "run_state" / "optimizer.pt").unlink(missing_ok=True)  # the single file of earlier versions
+    (data / "run_state" / "optimizer.pt").unlink(missing_ok=True)  # the single file of earlier versions
     return path
 
 
-def load_carried_optimizer(parent_id: str, root: Path = Path("."), device: str = "cpu") -> dict | None:
+def load_carried_optimizer(parent_id: str, data: Path, device: str = "cpu") -> dict | None:
     """The moments saved when checkpoint `parent_id` was trained, or None when there are none."""
     import torch
 
-    path = carried_optimizer_path(parent_id, root)
+    path = carried_optimizer_path(parent_id, data)
     if not path.is_file():
         return None
     saved = torch.load(path, map_location=device)
@@ -127,13 +128,13 @@ def load_carried_optimizer(parent_id: str, root: Path = Path("."), device: str =
     return saved["optimizer"]
 
 
-def lost_moments(round_number: int, root: Path) -> bool:
+def lost_moments(round_number: int, data: Path) -> bool:
     """Whether checkpoint rNN says it carries AdamW moments and their file is gone (the next round cannot train without them)."""
     from rl_assets.checkpoints import read_lineage
     from rl_assets.paths import checkpoint_key, output_path
 
-    path = output_path(checkpoint_key(round_number), root)
+    path = output_path(checkpoint_key(round_number), data)
     if not (path / "lineage.json").is_file():
         return False
     card = read_lineage(path)
-    return bool(card.get("carries_optimizer_state")) and not carried_optimizer_path(card["checkpoint_id"], root).is_file()
+    return bool(card.get("carries_optimizer_state")) and not carried_optimizer_path(card["checkpoint_id"], data).is_file()

@@ -16,6 +16,7 @@ import pyarrow as pa
 import yaml
 
 from rl_assets.checkpoints import LINEAGE_FILE, weights_hash
+from rl_assets.paths import data_dir
 from rl_assets.schemas import EVALUATION, PROMPTS, RAW_DATA, ROLLOUTS, rewards_schema, write_table
 from rl_assets.storage import file_hash
 
@@ -44,21 +45,23 @@ def _rewards(n: int, rollouts: pa.Table, rollouts_path: Path, values: list[float
 
 
 def make_fake_project(root: Path, metrics: dict[int, dict] | None = None, sampled: dict[int, float] | None = None,
-                      rewards: dict[int, list[float]] | None = None, rounds: int = 2, seed: int = 0) -> Path:
-    """Outputs of a `rounds`-round pipeline under `root`; `metrics`/`sampled`/`rewards` override rounds' values."""
+                      rewards: dict[int, list[float]] | None = None, rounds: int = 2, seed: int = 0, experiment: str | None = None) -> Path:
+    """Outputs of a `rounds`-round pipeline under `root`; `metrics`/`sampled`/`rewards` override rounds' values.
+    With `experiment`, params.yaml names it and the outputs are in its data folder."""
     metrics, sampled, rewards = metrics or {}, sampled or {}, rewards or {}
     (root / "data/raw").mkdir(parents=True, exist_ok=True)
     (root / RAW).write_text('{"question": "1+1=", "solution": "2"}\n')
-    (root / "params.yaml").write_text(yaml.safe_dump({**PARAMS, "rounds": rounds}))
+    (root / "params.yaml").write_text(yaml.safe_dump({**PARAMS, "rounds": rounds, **({"experiment": experiment} if experiment else {})}))
+    data = data_dir(experiment or "default", root)
     source = {"source": RAW, "source_hash": file_hash(root / RAW)}
     write_table(pa.Table.from_pylist([{**source, "source_row": 0, "prompt": "1+1=", "answer": "2"}], schema=RAW_DATA),
-                root / "data/raw_data.parquet", RAW_DATA, "raw_data")
+                data / "raw_data.parquet", RAW_DATA, "raw_data")
     prompts = [{"prompt_id": f"p{i}", "prompt": f"{i}+1=", "problem": f"{i}+1=", "answer": str(i + 1), "split": "rl" if i < 2 else "eval",
                 "n_tokens": 5, **source, "source_row": 0} for i in range(4)]
-    prompts_path = write_table(pa.Table.from_pylist(prompts, schema=PROMPTS), root / "data/prompts.parquet", PROMPTS, "prompts")
-    parent = write_checkpoint(root / "data/r00/checkpoint", 0, "tiny", metrics.get(0, {"loss": 1.0}), {"prompts": file_hash(prompts_path)}, seed)
+    prompts_path = write_table(pa.Table.from_pylist(prompts, schema=PROMPTS), data / "prompts.parquet", PROMPTS, "prompts")
+    parent = write_checkpoint(data / "r00/checkpoint", 0, "tiny", metrics.get(0, {"loss": 1.0}), {"prompts": file_hash(prompts_path)}, seed)
     for n in range(1, rounds + 1):
-        prefix = root / f"data/r{n:02d}"
+        prefix = data / f"r{n:02d}"
         rows = [{"round": n, "prompt_id": f"p{i}", "sample_idx": s, "prompt": f"{i}+1=", "answer": str(i + 1), "completion": "2",
                  "prompt_ids": [1], "completion_ids": [2], "logprobs": [-1.0], "truncated": False, "policy_id": parent, "temperature": 1.0,
                  "top_p": 1.0, "max_new_tokens": 4, "seed": 0, "prompts_hash": file_hash(prompts_path)} for i in range(2) for s in range(2)]
@@ -67,17 +70,18 @@ def make_fake_project(root: Path, metrics: dict[int, dict] | None = None, sample
         rewards_path = write_table(table, prefix / "rewards.parquet", table.schema, "rewards")
         parent = write_checkpoint(prefix / "checkpoint", n, parent, metrics.get(n, GOOD_METRICS),
                                   {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}, seed)
-    write_evaluation(root, {n: sampled.get(n, 0.3 + 0.1 * n) for n in range(rounds + 1)})
+    write_evaluation(root, {n: sampled.get(n, 0.3 + 0.1 * n) for n in range(rounds + 1)}, data)
     return root
 
 
-def write_evaluation(root: Path, sampled: dict[int, float]) -> None:
-    """The evaluation table for the checkpoints now on disk, with the given sampled accuracies."""
+def write_evaluation(root: Path, sampled: dict[int, float], data: Path | None = None) -> None:
+    """The evaluation table for the checkpoints now on disk (in the data folder `data`, default ROOT/data), with the given sampled accuracies."""
+    data = root / "data" if data is None else data
     rows = []
     for n, accuracy in sampled.items():
-        checkpoint_id = json.loads((root / f"data/r{n:02d}/checkpoint" / LINEAGE_FILE).read_text())["checkpoint_id"]
+        checkpoint_id = json.loads((data / f"r{n:02d}/checkpoint" / LINEAGE_FILE).read_text())["checkpoint_id"]
         for mode, value in (("greedy", accuracy + 0.05), ("sampled", accuracy)):
             rows.append({"checkpoint": f"r{n:02d}/checkpoint", "checkpoint_id": checkpoint_id, "mode": mode, "accuracy": value,
                          "reward_mean": value, "pass_at_k": value, "correctness": "arithmetic_answer", "n_prompts": 2, "n_samples": 1 if mode == "greedy" else 2, "mean_completion_tokens": 1.0,
                          "temperature": 0.0 if mode == "greedy" else 1.0, "seed": 0})
-    write_table(pa.Table.from_pylist(rows, schema=EVALUATION), root / "data/evaluation.parquet", EVALUATION, "evaluation")
+    write_table(pa.Table.from_pylist(rows, schema=EVALUATION), data / "evaluation.parquet", EVALUATION, "evaluation")

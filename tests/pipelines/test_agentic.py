@@ -70,7 +70,7 @@ def test_evaluation_runs_episodes_and_reports_the_tool_call_rate(agentic_project
     project, _ = agentic_project
     rows = read_table(project / "data/evaluation.parquet", "evaluation").to_pylist()
     assert all(row["tool_call_rate"] is not None and 0.0 <= row["tool_call_rate"] <= 1.0 for row in rows)
-    stats = connect_tables(project).sql("select round, episodes, tool_call_rate, turns_per_episode from episode_stats").fetchall()
+    stats = connect_tables(project / "data").sql("select round, episodes, tool_call_rate, turns_per_episode from episode_stats").fetchall()
     assert [s[:2] for s in stats] == [(1, 32)] and stats[0][3] >= 1.0
 
 
@@ -114,6 +114,7 @@ def test_the_agentic_demo_runs_and_its_rounds_learn_to_use_the_tool(micro_copy):
     for name in ("params.yaml", "multiplication.json"):
         shutil.copy(AGENTIC / name, project / "examples" / "agentic" / name)
     python(["-m", "pipelines", "run"], project, timeout=900, RL_ASSETS_PARAMS="examples/agentic/params.yaml", RL_ASSETS_DVC_COMMIT="0")
-    sampled = {r["checkpoint"]: r for r in read_table(project / "data/evaluation.parquet", "evaluation").to_pylist() if r["mode"] == "sampled"}
+    sampled = {r["checkpoint"]: r for r in read_table(project / "data/experiments/agentic/evaluation.parquet", "evaluation").to_pylist()
+               if r["mode"] == "sampled"}  # experiment "agentic" (the file names it): its own data folder
     first, last = sampled["r00/checkpoint"], sampled["r03/checkpoint"]
     assert last["accuracy"] > first["accuracy"] + 0.05 and last["tool_call_rate"] > first["tool_call_rate"]

@@ -20,7 +20,7 @@ def stand_ins(rounds: int) -> list:
     checks = import_pipelines("pipelines.checks")
 
     def stand_in(key: str, deps: list[str]):
-        @asset(key=AssetKey(key.split("/")), deps=[AssetKey(d.split("/")) for d in deps], check_specs=checks.guard_specs(key),
+        @asset(key=AssetKey(key.split("/")), deps=[AssetKey(d.split("/")) for d in deps], check_specs=checks.guard_specs(AssetKey(key.split("/"))),
                required_resource_keys={"params"})
         def _asset(context):
             yield from checks.guarded(key, context.resources.params.load(), MaterializeResult())

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from conftest import MICRO_OUTPUTS, REPO, python
+from conftest import REPO, python
 from rl_assets.config import load_params
 from rl_assets.raw_data import check_sources
 from rl_assets.schemas import read_table
@@ -49,11 +49,13 @@ def test_demo_runs_end_to_end(micro_copy):
 
     rounds = params["rounds"]
     checkpoints = [f"r{n:02d}/checkpoint" for n in range(rounds + 1)]
-    evaluation = read_table(project / MICRO_OUTPUTS["evaluation"], "evaluation").to_pylist()
+    data = project / "data/experiments/examples-demo-params"  # the demo is an experiment of its own: its own data folder
+    evaluation = read_table(data / "evaluation.parquet", "evaluation").to_pylist()
     assert sorted((r["checkpoint"], r["mode"]) for r in evaluation) == sorted((c, m) for c in checkpoints for m in ("greedy", "sampled"))
     assert all(r["n_prompts"] > 0 and 0 <= r["accuracy"] <= 1 for r in evaluation)
     assert {r["n_samples"] for r in evaluation if r["mode"] == "sampled"} == {params["evaluation"]["samples_per_prompt"]}
     for n in range(1, rounds + 1):
-        assert read_table(project / f"data/r{n:02d}/rewards.parquet", "rewards").num_rows > 0
-        assert (Path(project) / f"data/r{n:02d}/checkpoint" / "lineage.json").is_file()
+        assert read_table(data / f"r{n:02d}/rewards.parquet", "rewards").num_rows > 0
+        assert (data / f"r{n:02d}/checkpoint" / "lineage.json").is_file()
+    assert not (project / "data/r01").exists()  # nothing of the default experiment's
     assert all(c in done.stdout for c in checkpoints)  # the accuracy table the run ends with

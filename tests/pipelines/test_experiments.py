@@ -1,5 +1,6 @@
-"""Experiments that share data/ (issue 25, problem 5, in part): after another experiment's run, status, report, /health and
-lineage say whose outputs data/ holds instead of mixing them up silently. (Per-experiment data roots are not built yet.)"""
+"""Experiments side by side (issue 25, problem 5): each experiment writes its own data folder (data/ for the default,
+data/experiments/<name>/ for others) and its own Dagster assets (experiments/<name>/...), so a run of one never
+overwrites, restales or mislabels another's outputs, and status, report, lineage, query and DVC agree with it."""
 
 from __future__ import annotations
 
@@ -13,20 +14,46 @@ from conftest import PYTHON, copy_project, python, run
 pytestmark = pytest.mark.e2e
 
 
-def test_outputs_of_another_experiment_are_named_not_mixed_in(micro_template, tmp_path):
+def checkpoint_ids(data) -> dict[str, str]:
+    return {card.parent.parent.name: json.loads(card.read_text())["checkpoint_id"] for card in sorted(data.glob("r*/checkpoint/lineage.json"))}
+
+
+def test_experiments_keep_their_own_outputs_and_never_restale_each_other(micro_template, tmp_path):
     project = copy_project(micro_template, tmp_path / "project")
     python(["-m", "pipelines", "run", "--set", "rounds=2"], project, timeout=900)  # the default experiment, two rounds
+    default_ids, lock = checkpoint_ids(project / "data"), (project / "dvc.lock").read_text()
     other = yaml.safe_load((project / "params.yaml").read_text())
     other["train"]["learning_rate"] = 5e-3
     (project / "other.yaml").write_text(yaml.safe_dump(other, sort_keys=False))
-    python(["-m", "pipelines", "run"], project, timeout=900, RL_ASSETS_PARAMS="other.yaml")  # experiment "other", one round
+    done = python(["-m", "pipelines", "run"], project, timeout=900, RL_ASSETS_PARAMS="other.yaml")  # experiment "other", one round
+    assert "outputs under data/experiments/other/" in done.stdout
 
-    done = python(["-m", "pipelines", "status"], project, timeout=300, check=False)
+    own = project / "data/experiments/other"
+    assert checkpoint_ids(project / "data") == default_ids  # nothing of the default experiment was touched
+    assert set(checkpoint_ids(own)) == {"r00", "r01"} and checkpoint_ids(own)["r01"] != default_ids["r01"]
+    assert (own / "run_state").is_dir() and (project / "dvc.lock").read_text() == lock  # dvc.lock is params.yaml's graph only
+    card = json.loads((project / "models/experiments/other/promoted/model_card.json").read_text())
+    assert card["experiment"] == "other" and card["data"]["prompts"]["path"] == "data/experiments/other/prompts.parquet"
+    assert json.loads((project / "models/promoted/model_card.json").read_text())["experiment"] == "default"
+
+    done = python(["-m", "pipelines", "status"], project, timeout=300, check=False)  # the latest run: experiment other
     status = json.loads(done.stdout[done.stdout.find("{"):])
-    assert done.returncode == 1 and status["experiment"] == "other" and status["rounds_configured"] == 1
-    assert status["other_experiment_outputs"] == {"r02/checkpoint": "default"}
+    assert done.returncode == 0, status
+    assert status["experiment"] == "other" and status["data"] == "data/experiments/other" and status["current_round"] == 1
+    assert not status["other_experiment_outputs"] and not status["changed_outputs"]
 
-    report = run([PYTHON, "-m", "rl_assets.cli", "report"], project, timeout=300)
+    report = run([PYTHON, "-m", "rl_assets.cli", "report"], project, timeout=300, RL_ASSETS_PARAMS="other.yaml")
     assert "; experiment other" in report.stdout.splitlines()[0]
-    trace = run([PYTHON, "-m", "rl_assets.cli", "lineage", "data/r02/checkpoint"], project, timeout=300, check=False)
-    assert trace.returncode == 1 and "data/r01/checkpoint: not the parent of data/r02/checkpoint" in trace.stderr, trace.stderr
+    query = run([PYTHON, "-m", "rl_assets.cli", "query", "select 'rounds=' || count(distinct round) || ' lr=' || any_value(lr) "
+                 "from rollouts, (select any_value(train.learning_rate) as lr from checkpoints where round = 1)"], project, timeout=300,
+                RL_ASSETS_PARAMS="other.yaml")
+    assert "rounds=1 lr=0.005" in query.stdout, query.stdout
+    trace = run([PYTHON, "-m", "rl_assets.cli", "lineage", "data/experiments/other/r01/checkpoint"], project, timeout=300)
+    assert "data/experiments/other/r00/checkpoint" in trace.stdout and "data/r00" not in trace.stdout
+    trace = run([PYTHON, "-m", "rl_assets.cli", "lineage", "data/r02/checkpoint"], project, timeout=300)  # exit 0: intact
+    assert "data/r01/checkpoint" in trace.stdout
+
+    again = python(["-m", "pipelines", "run", "--set", "rounds=2"], project, timeout=900)  # back to the default: all up to date
+    assert "nothing to do" in again.stderr, again.stderr
+    again = python(["-m", "pipelines", "run"], project, timeout=900, RL_ASSETS_PARAMS="other.yaml")
+    assert "nothing to do" in again.stderr, again.stderr

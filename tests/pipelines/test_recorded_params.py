@@ -27,10 +27,12 @@ def other_run(micro_template, tmp_path_factory):
     """The micro project after `RL_ASSETS_PARAMS=other.yaml rl-assets run --set train.learning_rate=5.0e-3`.
 
     other.yaml has fewer raw rows than params.yaml, and params.yaml now asks for 3 rounds (dvc.yaml
-    still has the 1-round graph both files share, so every stage is committed).
+    still has the 1-round graph both files share, so every stage is committed). other.yaml names the default
+    experiment, so it writes data/, DVC's outputs (a file of another experiment writes its own folder and never
+    dvc.lock: test_experiments.py).
     """
     project = copy_project(micro_template, tmp_path_factory.mktemp("other") / "project")
-    other = micro_params()
+    other = {"experiment": "default", **micro_params()}
     other["raw_data"]["sources"][0]["count"] = 100
     (project / "other.yaml").write_text(yaml.safe_dump(other, sort_keys=False))
     default = yaml.safe_load((project / "params.yaml").read_text())
@@ -47,7 +49,7 @@ def test_dvc_lock_records_the_params_the_run_used_not_params_yaml(other_run):
     assert lock["raw_data"]["params"]["params.yaml"]["raw_data"]["sources"][0]["count"] == 100
     card = json.loads((project / MICRO_OUTPUTS["r01/checkpoint"] / "lineage.json").read_text())
     assert card["train"]["learning_rate"] == card["params"]["train"]["learning_rate"] == 0.005
-    assert card["experiment"] == "other"
+    assert card["experiment"] == "default"
 
 
 def test_dvc_status_is_not_up_to_date_for_outputs_of_other_params(other_run):
@@ -69,17 +71,9 @@ def test_the_run_and_status_name_the_params_file_overrides_and_experiment(other_
     done = python(["-m", "pipelines", "status"], project, timeout=180)  # no RL_ASSETS_PARAMS: status reads the run's own
     report = json.loads(done.stdout)
     run = report["latest_run"]
-    assert (run["params_file"], run["overrides"], run["experiment"]) == ("other.yaml", [OVERRIDE], "other")
-    assert report["experiment"] == "other" and report["rounds_configured"] == 1  # params.yaml says 3
+    assert (run["params_file"], run["overrides"], run["experiment"]) == ("other.yaml", [OVERRIDE], "default")
+    assert report["experiment"] == "default" and report["rounds_configured"] == 1  # params.yaml says 3
     assert "params_note" not in report
-
-
-def test_a_run_of_another_experiment_promotes_into_its_own_directory(other_run):
-    project, _ = other_run
-    assert (project / "models/experiments/other/promoted/model_card.json").is_file()
-    assert not (project / "models/promoted").exists()
-    card = json.loads((project / "models/experiments/other/promoted/model_card.json").read_text())
-    assert card["experiment"] == "other"
 
 
 def test_editing_a_user_reward_module_changes_only_the_stages_that_call_it(reproduced_project, tmp_path):

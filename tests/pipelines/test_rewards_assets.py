@@ -13,8 +13,6 @@ import shutil
 import pytest
 import yaml
 from dagster import AssetKey, DagsterInstance, DataVersion, MaterializeResult, PipesSubprocessClient, asset, materialize
-from dagster._core.definitions.data_version import StaleCauseCategory, StaleStatus
-from dagster._utils.test.data_versions import get_stale_status_resolver
 
 from conftest import REPO, import_pipelines, micro_params
 from rl_assets.schemas import ROLLOUTS, read_table, write_table
@@ -33,7 +31,7 @@ def write_params(project, **sections) -> None:
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A project folder with params.yaml, data/raw and a stored r01/rollouts table; cwd is inside it."""
-    modules = {m: import_pipelines(f"pipelines.{m}") for m in ("compute", "reward_model", "steps")}  # imported from the repo, as the code location is
+    modules = {m: import_pipelines(f"pipelines.{m}") for m in ("compute", "reward_model", "steps", "outdated")}  # imported from the repo, as the code location is
     shutil.copytree(REPO / "data" / "raw", tmp_path / "data" / "raw")
     write_params(tmp_path)
     rows = [{"round": 1, "prompt_id": f"p{i // 2}", "sample_idx": i % 2, "prompt": "2+2=", "answer": "4", "extra": "{}",
@@ -74,6 +72,14 @@ def trained_checkpoint(code_version: str | None = None):
     return checkpoint
 
 
+def stale(instance, assets, key, modules):
+    """Why `key` is stale against the specs of `assets` (None: up to date), as `rl-assets run` decides (pipelines.outdated)."""
+    specs = {spec.key: spec for a in assets for spec in a.specs}
+    events = instance.get_latest_materialization_events([*specs, ROLLOUTS_KEY])
+    current = {k: e.asset_materialization.tags.get("dagster/data_version") if e else None for k, e in events.items()}
+    return modules["outdated"].stale_reason(specs[key], dict(events[key].asset_materialization.tags), current)
+
+
 def resources(modules):
     return {"params": modules["steps"].ParamsResource(), "pipes": PipesSubprocessClient()}
 
@@ -87,30 +93,24 @@ def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(pro
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
     assert materialize([trained_checkpoint(versions[CHECKPOINT_KEY])], instance=instance).success
     rollouts_event = instance.get_latest_materialization_event(ROLLOUTS_KEY)
-    resolver = get_stale_status_resolver(instance, before)
-    assert {resolver.get_status(k) for k in (ROLLOUTS_KEY, REWARDS_KEY, CHECKPOINT_KEY)} == {StaleStatus.FRESH}
+    assert [stale(instance, before, k, modules) for k in (ROLLOUTS_KEY, REWARDS_KEY, CHECKPOINT_KEY)] == [None, None, None]
 
     # another section changes: the rewards keep their code version
     write_params(path, rollouts={**micro_params()["rollouts"], "temperature": 0.5})
     other = [modules["compute"].compute_asset(1)]
-    assert get_stale_status_resolver(instance, other).get_status(REWARDS_KEY) == StaleStatus.FRESH
+    assert stale(instance, other, REWARDS_KEY, modules) is None
 
     # only `rewards` changes: rewards is stale because its code version changed; rollouts is not
     write_params(path, rewards={"functions": [{"name": "arithmetic_answer", "weight": 2.0}]})
     after = [modules["compute"].compute_asset(1)]
-    resolver = get_stale_status_resolver(instance, after)
-    assert resolver.get_status(REWARDS_KEY) == StaleStatus.STALE
-    causes = resolver.get_stale_causes(REWARDS_KEY)
-    assert [c.category for c in causes] == [StaleCauseCategory.CODE] and "code version" in causes[0].reason
-    assert resolver.get_status(ROLLOUTS_KEY) == StaleStatus.FRESH and resolver.get_stale_causes(ROLLOUTS_KEY) == []
+    assert stale(instance, after, REWARDS_KEY, modules).startswith("stale: its code version changed")
+    assert stale(instance, after, ROLLOUTS_KEY, modules) is None
 
     # rescoring: the rewards are fresh again, with the new weights, and the rollouts were not touched
     assert materialize(after, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
-    resolver = get_stale_status_resolver(instance, after)
-    assert resolver.get_status(REWARDS_KEY) == StaleStatus.FRESH
-    # what follows is stale once the rescored table is there (Dagster flags a code change on the asset itself only)
-    causes = resolver.get_stale_causes(CHECKPOINT_KEY)
-    assert resolver.get_status(CHECKPOINT_KEY) == StaleStatus.STALE and {c.dependency.asset_key for c in causes} == {REWARDS_KEY}
+    assert stale(instance, after, REWARDS_KEY, modules) is None
+    # what follows is stale once the rescored table is there (a code change flags the asset itself only)
+    assert stale(instance, after, CHECKPOINT_KEY, modules) == "stale: r01/rewards has a new data version since"
     assert instance.get_latest_materialization_event(ROLLOUTS_KEY).run_id == rollouts_event.run_id
     assert read_table(path / "data" / "r01" / "rewards.parquet", "rewards")["reward"].to_pylist() == [2.0, 0.0, 2.0, 0.0]
     tags = instance.get_latest_materialization_event(REWARDS_KEY).asset_materialization.tags
@@ -127,14 +127,12 @@ def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstre
     versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
     assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
-    assert get_stale_status_resolver(instance, before).get_status(REWARDS_KEY) == StaleStatus.FRESH
+    assert stale(instance, before, REWARDS_KEY, modules) is None
 
     (path / "my_rewards.py").write_text((path / "my_rewards.py").read_text().replace("c.strip() == a", "a in c"))  # the regex edit of the issue
     after = [modules["compute"].compute_asset(1)]
-    resolver = get_stale_status_resolver(instance, after)
-    assert resolver.get_status(REWARDS_KEY) == StaleStatus.STALE
-    assert [c.category for c in resolver.get_stale_causes(REWARDS_KEY)] == [StaleCauseCategory.CODE]
-    assert resolver.get_status(ROLLOUTS_KEY) == StaleStatus.FRESH
+    assert stale(instance, after, REWARDS_KEY, modules).startswith("stale: its code version changed")
+    assert stale(instance, after, ROLLOUTS_KEY, modules) is None
     assert after[0].code_versions_by_key[ROLLOUTS_KEY] == versions[ROLLOUTS_KEY]
     assert after[0].code_versions_by_key[CHECKPOINT_KEY] == versions[CHECKPOINT_KEY]  # training code is not the reward's
 

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_assets.paths import checkpoint_key, dvc_stage_name, output_path, round_prefix
+from rl_assets.paths import checkpoint_key, data_dir, data_dir_of, dvc_stage_name, output_path, round_prefix
 
 
 @pytest.mark.parametrize("number,prefix", [(0, "r00"), (3, "r03"), (12, "r12"), (99, "r99")])
@@ -23,8 +23,16 @@ def test_round_prefix(number, prefix):
     ("r01/checkpoint", "data/r01/checkpoint"),
 ])
 def test_output_path(key, path):
-    assert output_path(key) == Path(path)
-    assert output_path(key, Path("/project")) == Path("/project") / path
+    assert output_path(key, data_dir("default")) == Path(path)
+    assert output_path(key, data_dir("default", Path("/project"))) == Path("/project") / path
+    other = output_path(key, data_dir("examples-gsm8k-params", Path("/project")))  # any other experiment: its own folder
+    assert other == Path("/project/data/experiments/examples-gsm8k-params") / Path(path).relative_to("data")
+
+
+def test_each_checkpoint_names_its_data_folder():
+    assert data_dir_of(output_path("r02/checkpoint", data_dir("x"))) == data_dir("x")
+    assert data_dir_of(output_path("r00/checkpoint", data_dir("default"))) == Path("data")
+    assert data_dir_of(Path("models/experiments/x/promoted")) is None
 
 
 def test_dvc_stage_name():

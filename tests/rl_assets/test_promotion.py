@@ -77,8 +77,7 @@ def write_experiment(root, name: str, **promotion_keys) -> None:
 def test_another_experiment_promotes_into_its_own_directory_and_leaves_the_default_one(tmp_path, monkeypatch):
     root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.5})
     first = promote_once(root, monkeypatch)["checkpoint_id"]
-    make_fake_project(tmp_path, sampled={0: 0.1, 1: 0.2, 2: 0.3}, seed=1)
-    write_experiment(root, "word-problems")
+    make_fake_project(tmp_path, sampled={0: 0.1, 1: 0.2, 2: 0.3}, seed=1, experiment="word-problems")  # in its own data folder
     other = promote_once(root, monkeypatch)
     assert other["promoted"] and other["checkpoint_id"] != first
     assert weights_hash(root / "models/promoted") == first  # the default experiment's model is untouched
@@ -87,12 +86,14 @@ def test_another_experiment_promotes_into_its_own_directory_and_leaves_the_defau
     assert json.loads((own / "promoted/model_card.json").read_text())["experiment"] == "word-problems"
     assert [e["experiment"] for e in promotion.history(own)] == ["word-problems"]
     assert [e["experiment"] for e in promotion.history(root / "models")] == ["default"]
+    card = json.loads((own / "promoted/model_card.json").read_text())
+    assert card["data"]["prompts"]["path"] == "data/experiments/word-problems/prompts.parquet"
 
 
 def test_a_model_of_another_experiment_is_never_promoted_over_in_a_shared_directory(tmp_path, monkeypatch):
     root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.5})
     first = promote_once(root, monkeypatch)["checkpoint_id"]
-    make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.9}, seed=1)  # much better, but on other data
+    make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.9}, seed=1, experiment="word-problems")  # much better, but on other data
     write_experiment(root, "word-problems", directory="models")
     kept = promote_once(root, monkeypatch)
     assert not kept["promoted"] and kept["checkpoint_id"] == first

@@ -37,8 +37,25 @@ def test_status_reports_round_metrics_evaluation_and_promoted_model(project):
     json.dumps(status)  # plain JSON for probes
 
 
+def test_each_experiment_reports_its_own_data_folder_and_names_outputs_another_left_there(project):
+    from rl_assets.health import assess
+
+    other = make_fake_project(project, sampled={0: 0.1, 1: 0.2}, rounds=1, seed=1, experiment="word-problems")
+    status = project_status(project, load_params(other / "params.yaml"))
+    assert status["data"] == "data/experiments/word-problems" and status["current_round"] == 1
+    assert status["evaluation"]["path"] == "data/experiments/word-problems/evaluation.parquet" and not status["other_experiment_outputs"]
+    # a card another experiment wrote into this folder (versions before each experiment had its own): named, unhealthy
+    card = project / "data/experiments/word-problems/r01/checkpoint/lineage.json"
+    card.write_text(json.dumps({**json.loads(card.read_text()), "experiment": "default"}))
+    status = project_status(project, load_params(other / "params.yaml"))
+    assert status["other_experiment_outputs"] == {"r01/checkpoint": "default"}
+    healthy, reasons = assess({**status, "experiment": "word-problems"}, [])
+    assert not healthy and reasons == ["data/experiments/word-problems/ holds outputs of another experiment (r01/checkpoint: default), "
+                                       "not of word-problems"]
+
+
 def test_query_has_a_view_per_table(project):
-    connection = connect_tables(project)
+    connection = connect_tables(project / "data", project / "models")
     assert connection.execute("select count(*) from rewards").fetchone() == (8,)
     assert connection.execute("select max(round) from checkpoints").fetchone() == (2,)
     assert connection.execute("select count(distinct checkpoint) from evaluation").fetchone() == (3,)

@@ -26,9 +26,9 @@ def test_export_gives_step_curves_per_round_and_a_curve_per_metric_over_rounds(t
     card_path = tmp_path / "data/r01/checkpoint/lineage.json"
     card = json.loads(card_path.read_text())
     card_path.write_text(json.dumps({**card, "history": [{"step": 1, "loss": 0.5}, {"step": 2, "loss": 0.25}]}))
-    assert [row["step"] for row in round_rows(tmp_path)] == [0, 1, 2]
-    export_tensorboard(tmp_path)
-    logdir = export_tensorboard(tmp_path)  # rewritten, not appended to
+    assert [row["step"] for row in round_rows(tmp_path / "data")] == [0, 1, 2]
+    export_tensorboard(tmp_path / "data")
+    logdir = export_tensorboard(tmp_path / "data")  # rewritten, not appended to
     assert sorted(p.name for p in logdir.iterdir()) == ["r01", "rounds"]
     assert read_events(logdir / "r01") == {"train/loss": [(1, 0.5), (2, 0.25)]}
     scalars = read_events(logdir / "rounds")
@@ -38,7 +38,7 @@ def test_export_gives_step_curves_per_round_and_a_curve_per_metric_over_rounds(t
 
 def test_round_plots_are_one_csv_per_metric_for_dvc(tmp_path):
     make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.4, 2: 0.5})
-    folder = write_round_plots(tmp_path)
+    folder = write_round_plots(tmp_path / "data")
     files = {p.name for p in folder.iterdir()}
     assert {"eval_sampled_accuracy.csv", "train_kl.csv", "train_entropy.csv", "train_loss.csv", "train_reward_mean.csv"} <= files
     assert (folder / "eval_sampled_accuracy.csv").read_text() == "round,value\n0,0.3\n1,0.4\n2,0.5\n"
