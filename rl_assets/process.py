@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import sys
 import warnings
@@ -14,18 +15,24 @@ def release_freed_memory() -> None:
     resident process the next step's peak then comes on top of the last one's leftovers (0.7 GB after a
     135M-parameter round here). `malloc_trim` is glibc's documented call for it; elsewhere this does nothing.
     """
-    import ctypes
-    import ctypes.util
     import gc
 
     gc.collect()
+    if (trim := _malloc_trim()) is not None:
+        trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    """glibc's `malloc_trim`, looked up once per process (None on another C library)."""
+    import ctypes
+    import ctypes.util
+
     name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
+        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
     except OSError:
-        return
-    if libc is not None and hasattr(libc, "malloc_trim"):
-        libc.malloc_trim(0)
+        return None
 
 
 def quiet_step() -> None:
