@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from rl_assets.paths import output_key
+from rl_assets.paths import data_dir, flow_order, output_key
 
 
 def use_project_instance() -> None:
@@ -56,8 +56,6 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
         keys = [asset_key(k) for k in selection] if selection else None  # output keys, e.g. r01/rollouts, of the params' experiment
         if command == "run" and not everything:
             from pipelines.definitions import PARAMS, defs
-
-            from rl_assets.paths import data_dir
 
             specs = defs.resolve_all_asset_specs()
             reasons = outdated_assets(instance, specs, data_dir(PARAMS.experiment), models=Path(PARAMS.promotion.directory),
@@ -114,7 +112,6 @@ def _one_line_per_skip():
 def _step_names() -> dict[str, str]:
     """Step key -> what a user calls it: the asset key(s) it materializes, or `checks of <asset>`."""
     from pipelines.definitions import defs
-    from rl_assets.paths import flow_order
 
     names = {}
     for assets_def in defs.resolve_asset_graph().assets_defs:
@@ -163,7 +160,6 @@ def _log_path(instance, run_id: str, step_key: str, captures) -> str | None:
 
 def flow_sorted(keys: list[str]) -> list[str]:
     """Asset keys in the order the flow writes them (raw_data, prompts, r00 ... evaluation, promoted_model)."""
-    from rl_assets.paths import flow_order
 
     head = [key for key in ("raw_data", "prompts") if key in keys]
     return head + flow_order([key for key in keys if key not in head])
@@ -250,7 +246,6 @@ def run_params(run: dict | None):
 def print_status() -> int:
     import json
 
-    from rl_assets.paths import data_dir
     from rl_assets.status import project_status
 
     from pipelines.steps import load_project_params
@@ -359,8 +354,7 @@ def main(argv=None) -> int:
     if args.command == "run":
         from rl_assets.reports import summary_text
 
-        from rl_assets.paths import data_dir
-
+    
         print(summary_text(data_dir(params.experiment)))
         print(f"\nfinished in {time.perf_counter() - started:.0f} s; outputs under {data_dir(params.experiment)}/; runs and metadata: make ui (http://127.0.0.1:3000)")
     return 0

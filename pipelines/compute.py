@@ -18,8 +18,8 @@ from pipelines.assets import COMPUTE_TAGS, TRAINING_RETRY, base_checkpoint_spec,
 from pipelines.checks import guard_specs
 from pipelines.promotion import promoted_model_spec
 from pipelines.rounds import round_specs
-from pipelines.steps import ParamsResource, asset_key, key_name, run_compute
-from rl_assets.paths import flow_order
+from pipelines.steps import ParamsResource, asset_key, run_compute
+from rl_assets.paths import flow_order, output_key
 
 
 def compute_asset(rounds: int):
@@ -36,7 +36,7 @@ def compute_asset(rounds: int):
         retry_policy=TRAINING_RETRY,
     )
     def compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult | AssetCheckResult]:
-        wanted = flow_order([key_name(key) for key in context.selected_asset_keys])
+        wanted = flow_order([output_key(key.path) for key in context.selected_asset_keys])
         done = done_in_this_run(context, wanted)
         checks = {(c.asset_key, c.name) for c in context.selected_asset_check_keys}
         yield from reported_again(context, [key for key in wanted if key in done], checks)

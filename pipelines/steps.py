@@ -79,15 +79,10 @@ def tag_run(context: AssetExecutionContext, params: ParamsResource) -> None:
         context.instance.add_run_tags(context.run_id, tags)
 
 
-def asset_key(key: str, experiment: str | None = None) -> AssetKey:
-    """The Dagster asset key of output `key` (e.g. 'r01/rollouts') in `experiment`, by default the project params' one
-    (paths.asset_key_path: experiments other than the default live under experiments/<name>/)."""
-    return AssetKey(asset_key_path(key, load_project_params().experiment if experiment is None else experiment))
-
-
-def key_name(key: AssetKey) -> str:
-    """The output key of a Dagster asset key (its experiment prefix dropped): what paths, stages and guards are named by."""
-    return output_key(key.path)
+def asset_key(key: str) -> AssetKey:
+    """The Dagster asset key of output `key` (e.g. 'r01/rollouts') in the project params' experiment
+    (paths.asset_key_path: experiments other than the default live under experiments/<name>/; paths.output_key is the way back)."""
+    return AssetKey(asset_key_path(key, load_project_params().experiment))
 
 
 def load_project_params() -> Params:
@@ -174,7 +169,7 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
                 if isinstance(result, AssetCheckResult):
                     yield check_result(result)
                     continue
-                key = key_name(result.asset_key)
+                key = output_key(result.asset_key.path)
                 _log_done(context, key, result.metadata or {})
                 if stage := record_in_dvc(context, key, params.path, params.overrides, later=True, experiment=loaded.experiment):
                     follower.send(stage)
@@ -403,7 +398,7 @@ def _log_done(context: AssetExecutionContext, key: str, metadata: dict) -> None:
 def materialized(context: AssetExecutionContext, params: ParamsResource, path, metadata: dict) -> Iterator[MaterializeResult]:
     """Report an output written in this process, with its content hash as the data version, then the asset's guards."""
     tag_run(context, params)
-    key = key_name(context.asset_key)
+    key = output_key(context.asset_key.path)
     _log_done(context, key, metadata)
     loaded = params.load()
     record_in_dvc(context, key, params.path, params.overrides, later=compute_step_follows(context), experiment=loaded.experiment)

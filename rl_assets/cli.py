@@ -31,6 +31,8 @@ from pathlib import Path
 
 import duckdb
 
+from rl_assets.paths import data_dir, data_dir_of
+
 ORCHESTRATION = {"run", "materialize", "dvc-sync", "status"}
 
 
@@ -87,8 +89,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "lineage":
             from rl_assets.lineage import format_trace, problems, trace_checkpoint
 
-            from rl_assets.paths import data_dir, data_dir_of
-
             # a round's checkpoint names its experiment's data folder; another folder (a promoted model): $RL_ASSETS_PARAMS's
             steps = trace_checkpoint(args.checkpoint, Path("."), data_dir_of(Path(args.checkpoint)) or data_dir(_params().experiment))
             print(json.dumps(steps, indent=2, default=str) if args.json else format_trace(steps))
@@ -98,13 +98,10 @@ def main(argv: list[str] | None = None) -> int:
         elif args.command == "report":
             from rl_assets.reports import summary_text
 
-            from rl_assets.paths import data_dir
-
             print(summary_text(data_dir(_params().experiment)))
         elif args.command == "query":
             from rl_assets.lineage import connect_tables
 
-            from rl_assets.paths import data_dir
             from rl_assets.promotion import models_dir
 
             params = _params()
@@ -113,8 +110,6 @@ def main(argv: list[str] | None = None) -> int:
             from rl_assets.generate import resolve_checkpoint, sample
 
             params = _params()
-            from rl_assets.paths import data_dir
-
             path = resolve_checkpoint(args.checkpoint, params.promotion, Path("."), data_dir(params.experiment))
             print(f"# {path}", file=sys.stderr)
             rendering = None if args.raw else params.prompts
