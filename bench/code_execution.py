@@ -20,7 +20,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from rl_assets.rewards.code_execution import code_execution, extract_program  # noqa: E402
-from rl_assets.sandbox import sandbox_python  # noqa: E402
+from rl_assets.core.sandbox import sandbox_python  # noqa: E402
 
 TESTS = ["assert add(1, 2) == 3", "assert add(-4, 4) == 0", {"input": "20 22\n", "output": "42"}]
 PROGRAMS = [  # right, wrong, crashing: what a batch of rollouts holds

@@ -160,29 +160,30 @@ step() {  # step NAME COMMAND...: runs with the time that is left, log in $WORK/
 
 echo "device $DEVICE ($GPU_NAME), shape hidden=$HIDDEN layers=$LAYERS heads=$HEADS intermediate=$INTER, round B=$B x G=$G, new tokens <= $NEW, train $MIXED"
 step data "$PY" -c "
-from rl_assets.config import load_params
-from rl_assets.models import load_tokenizer
-from rl_assets.paths import output_path
-from rl_assets.prompts import build_prompts
-from rl_assets.raw_data import load_raw_data
-from rl_assets.schemas import PROMPTS, RAW_DATA, write_table
+from rl_assets.core.config import load_params
+from rl_assets.core.policy import load_tokenizer
+from rl_assets.core.paths import output_path
+from rl_assets.data.prompts import build_prompts
+from rl_assets.data.raw_data import load_raw_data
+from rl_assets.core.schemas import PROMPTS, RAW_DATA, write_table
 params = load_params('params.yaml')
 raw, _ = load_raw_data(params.raw_data, params.seed)
 write_table(raw, output_path('raw_data'), RAW_DATA, 'raw_data')
 prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model))
 write_table(prompts, output_path('prompts'), PROMPTS, 'prompts')"
-step sft "$PY" -m rl_assets.compute sft
+step sft "$PY" -m rl_assets.run.step sft
 step rollouts "$PY" -c "
 import json, time, torch
 from pathlib import Path
-from rl_assets.checkpoints import checkpoint_id
-from rl_assets.config import load_params
-from rl_assets.models import load_policy, pick_device
-from rl_assets.paths import checkpoint_key, output_path
-from rl_assets.precision import compute_autocast, resolve_mixed_precision, weights_dtype
-from rl_assets.rollouts import generate, sample_rollouts
-from rl_assets.schemas import ROLLOUTS, read_table, write_table
-from rl_assets.storage import file_hash
+from rl_assets.core.checkpoints import checkpoint_id
+from rl_assets.core.config import load_params
+from rl_assets.core.policy import load_policy, pick_device
+from rl_assets.core.paths import checkpoint_key, output_path
+from rl_assets.core.precision import compute_autocast, resolve_mixed_precision, weights_dtype
+from rl_assets.rollout.generation import generate
+from rl_assets.rollout.sampling import sample_rollouts
+from rl_assets.core.schemas import ROLLOUTS, read_table, write_table
+from rl_assets.core.storage import file_hash
 params = load_params('params.yaml')
 device = pick_device(params.compute.device)
 policy, prompts_path = output_path(checkpoint_key(0)), output_path('prompts')
@@ -203,16 +204,16 @@ prompt = sum(map(len, table['prompt_ids'].to_pylist()))
 Path('rollouts_timing.json').write_text(json.dumps({'seconds': seconds, 'rows': table.num_rows, 'completion_tokens': completion, 'prompt_tokens': prompt,
                   'dtype': str(next(model.parameters()).dtype) + ('' if mode == 'no' else ' + ' + mode + ' autocast'), 'truncated_share': sum(table['truncated'].to_pylist()) / table.num_rows}))"
 step rewards "$PY" -c "
-from rl_assets.config import load_params
-from rl_assets.paths import output_path
+from rl_assets.core.config import load_params
+from rl_assets.core.paths import output_path
 from rl_assets.rewards import score_rollouts
-from rl_assets.schemas import read_table, reward_function_names, rewards_schema, write_table
-from rl_assets.storage import file_hash
+from rl_assets.core.schemas import read_table, reward_function_names, rewards_schema, write_table
+from rl_assets.core.storage import file_hash
 params = load_params('params.yaml')
 source = output_path('r01/rollouts')
 rewards = score_rollouts(read_table(source, 'rollouts'), params.rewards, file_hash(source))
 write_table(rewards, output_path('r01/rewards'), rewards_schema(reward_function_names(rewards)), 'rewards')"
-step train "$PY" -m rl_assets.compute train --round 1
+step train "$PY" -m rl_assets.run.step train --round 1
 
 "$PY" - rollouts_timing.json "${PEAK:-}" "$GPU_NAME" "$SHAPE" <<'EOF'
 import json, sys

@@ -150,7 +150,7 @@ def setup_rl_assets_logprobs(args):
 
     preimport_rl_assets_lazy_imports()
 
-    from rl_assets.rollouts import completion_logprobs
+    from rl_assets.core.logprobs import completion_logprobs
 
     model = build_model(args)
     prompts, completions = build_batch(args)
@@ -172,9 +172,9 @@ def setup_rl_assets_logprobs(args):
 def setup_rl_assets_train(args):
     import pyarrow as pa
 
-    from rl_assets.config import TrainParams
-    from rl_assets.schemas import ROLLOUTS, rewards_schema
-    from rl_assets.train import train_on_rollouts
+    from rl_assets.core.config import TrainParams
+    from rl_assets.core.schemas import ROLLOUTS, rewards_schema
+    from rl_assets.train.policy_gradient import train_on_rollouts
 
     preimport_rl_assets_lazy_imports()
     model = build_model(args)
@@ -203,7 +203,7 @@ def build_trl_trainer(args, model, output_dir: str):
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from rl_assets.tokenizer import build_tiny_tokenizer
+    from rl_assets.core.tokenizer import build_tiny_tokenizer
 
     config = GRPOConfig(
         output_dir=output_dir, use_cpu=True, bf16=False, fp16=False, per_device_train_batch_size=args.sequences, gradient_accumulation_steps=1,
@@ -255,7 +255,7 @@ def setup_trl_train(args):
     trainer.current_gradient_accumulation_steps = 1  # set by Trainer's loop; compute_loss normalizes by it
     trainer.model.train()
     prompt_ids, prompt_mask, completion_ids, completion_mask = trl_tensors(args)
-    from rl_assets.advantages import group_advantages
+    from rl_assets.train.advantages import group_advantages
 
     reward = torch.tensor(rewards_per_sequence(args))
     inputs = {

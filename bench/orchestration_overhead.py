@@ -48,14 +48,14 @@ def make_project(params: Path, dvc: bool = False) -> Path:
 # A hand-written loop over the same library calls: one process, the models kept in memory from round to round.
 PLAIN = """
 from pathlib import Path
-from rl_assets.config import load_params
-from rl_assets.loaded import Loaded
-from rl_assets.paths import data_dir, output_path
-from rl_assets.prompts import build_prompts
-from rl_assets.raw_data import load_raw_data
-from rl_assets.schemas import PROMPTS, RAW_DATA, write_table
-from rl_assets.stages import run_stage
-from rl_assets.tokenizer import load_tokenizer
+from rl_assets.core.config import load_params
+from rl_assets.run.loaded import Loaded
+from rl_assets.core.paths import data_dir, output_path
+from rl_assets.data.prompts import build_prompts
+from rl_assets.data.raw_data import load_raw_data
+from rl_assets.core.schemas import PROMPTS, RAW_DATA, write_table
+from rl_assets.run.stages import run_stage
+from rl_assets.core.tokenizer import load_tokenizer
 
 params, root, loaded = load_params("params.yaml"), Path("."), Loaded()
 raw, _ = load_raw_data(params.raw_data, params.seed)

@@ -10,7 +10,7 @@ The model is a plain Hugging Face folder (default SmolLM2-135M-Instruct, which `
 on CPU with torch.set_num_threads(--threads). Each precision runs in its own worker process
 (`real_model.py --worker MODE`): the model is loaded fresh in that precision's weights dtype, and
 Accelerate's process-wide state (which fixes one mixed precision per process) starts clean. The
-precisions are rl-assets' `train.mixed_precision` modes (rl_assets/precision.py): `no` (fp32 weights),
+precisions are rl-assets' `train.mixed_precision` modes (rl_assets/core/precision.py): `no` (fp32 weights),
 `bf16` (fp32 weights, forward passes under CPU bf16 autocast) and `pure_bf16` (bf16 weights and updates).
 Both sides of a precision hold their own copy of the model, get the same inputs and batch sizes, and
 are timed side by side: one warm-up call of each (not timed), then --repeats calls alternating which
@@ -214,7 +214,7 @@ def load_model(path: Path, mode: str):
     """A fresh copy in this precision's weights dtype (fp32 master weights unless pure bf16), in eval mode."""
     from transformers import AutoModelForCausalLM
 
-    from rl_assets.precision import weights_dtype
+    from rl_assets.core.precision import weights_dtype
 
     model = AutoModelForCausalLM.from_pretrained(path, dtype=weights_dtype(mode))
     model.eval()
@@ -238,8 +238,8 @@ def plain_autocast(mode: str):
 def measure_sampling(args, mode: str, models: dict, tokenizer) -> dict:
     import torch
 
-    from rl_assets.precision import compute_autocast
-    from rl_assets.rollouts import generate
+    from rl_assets.core.precision import compute_autocast
+    from rl_assets.rollout.generation import generate
 
     texts = chat_prompts(tokenizer, questions(args.prompts, args.seed))
     eos, pad = end_ids(models["plain"], tokenizer), tokenizer.pad_token_id
@@ -279,8 +279,8 @@ def stored_logprobs(model, mode: str, prompt_ids, completion_ids, pad: int, args
     """rl-assets' stored log-prob pass, as `sample_rollouts` runs it: micro-batches, no_grad, the precision's autocast."""
     import torch
 
-    from rl_assets.precision import compute_autocast
-    from rl_assets.rollouts import completion_logprobs
+    from rl_assets.core.precision import compute_autocast
+    from rl_assets.core.logprobs import completion_logprobs
 
     out = []
     with torch.no_grad(), compute_autocast(mode, "cpu"):
@@ -320,9 +320,9 @@ def measure_training(args, mode: str, models: dict, tokenizer, sequences) -> dic
     import pyarrow as pa
     import torch
 
-    from rl_assets.config import TrainParams
-    from rl_assets.schemas import ROLLOUTS, rewards_schema
-    from rl_assets.train import train_on_rollouts
+    from rl_assets.core.config import TrainParams
+    from rl_assets.core.schemas import ROLLOUTS, rewards_schema
+    from rl_assets.train.policy_gradient import train_on_rollouts
 
     texts, prompt_ids, completion_ids, truncated = sequences
     n, G, pad = len(prompt_ids), args.samples, tokenizer.pad_token_id

@@ -8,7 +8,7 @@ prompt in a loop (what a naive server does). Server: uvicorn on a free loopback 
 as `/v1/completions` requests from `--concurrency` threads. Prints completions/s of each and the ratio
 measured in this run. Then `/health` latency (p50, p95, max) while a training process runs in the
 background (a forward/backward loop of the same model with a heartbeat, on the same CPUs), with the
-run state read through the real `python -m pipelines status`. Last, fairness: the latency of `--small` one-prompt
+run state read through the real `rl-assets status`. Last, fairness: the latency of `--small` one-prompt
 requests sent one after another (p50, p95) alone, and again while one large request (64 prompts x n=16 x 64 tokens)
 generates, with when the large one finished. Exit code 0 whatever the numbers.
 """
@@ -27,13 +27,13 @@ from pathlib import Path
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests/serve")]
+sys.path[:0] = [str(REPO / "tests"), str(REPO / "tests/rl_assets/serve")]
 
 TRAIN = """
 import sys, torch
 from pathlib import Path
-from rl_assets.heartbeat import Heartbeat
-from rl_assets.models import load_policy
+from rl_assets.run.heartbeat import Heartbeat
+from rl_assets.core.policy import load_policy
 model, _ = load_policy(sys.argv[1])
 model.train()
 optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
@@ -50,10 +50,10 @@ with Heartbeat(Path(sys.argv[2]), "train", 1, interval=1.0):
 
 def build_project(root: Path) -> Path:
     from ops_support import make_fake_project
-    from rl_assets.checkpoints import read_lineage, save_checkpoint
-    from rl_assets.config import ModelParams
-    from rl_assets.models import build_tiny_model
-    from rl_assets.tokenizer import build_tiny_tokenizer
+    from rl_assets.core.checkpoints import read_lineage, save_checkpoint
+    from rl_assets.core.config import ModelParams
+    from rl_assets.core.policy import build_tiny_model
+    from rl_assets.core.tokenizer import build_tiny_tokenizer
 
     make_fake_project(root)
     tokenizer, path = build_tiny_tokenizer(), root / "data/r01/checkpoint"
@@ -71,10 +71,10 @@ def main() -> int:
     parser.add_argument("--small", type=int, default=20, help="small requests timed alone and beside a large one")
     args = parser.parse_args()
 
-    from rl_assets.config import load_params
-    from rl_assets.models import load_policy
-    from rl_assets.rollouts import generate
-    from rl_assets.serve import create_app
+    from rl_assets.core.config import load_params
+    from rl_assets.core.policy import load_policy
+    from rl_assets.rollout.generation import generate
+    from rl_assets.serve.app import create_app
     from serve_support import running_server
 
     root = Path(tempfile.mkdtemp()) / "project"
@@ -90,7 +90,8 @@ def main() -> int:
         generate(model, tokenizer, [prompt], 1, greedy=True, max_new_tokens=args.max_tokens)
     loop_s = time.perf_counter() - started
 
-    app = create_app(root, load_params(root / "params.yaml"), preload="r01", status_interval=5.0, max_request_tokens=65_536)
+    app = create_app(root, load_params(root / "params.yaml"), preload="r01", status_interval=5.0, max_request_tokens=65_536,
+                     status_command=[sys.executable, "-m", "pipelines", "status"])  # what `rl-assets serve` hands over
     with running_server(app) as url, httpx.Client(timeout=120) as client:
         def ask(prompt: str) -> int:
             return client.post(f"{url}/v1/completions", json={"model": "r01", "prompt": prompt, "max_tokens": args.max_tokens}).status_code

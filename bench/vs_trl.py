@@ -14,7 +14,7 @@ the same reward functions and our `train`/`rollouts` sections mapped onto `GRPOC
 order (`shuffle_dataset=False`), so TRL's k-th generation batch holds our round k's B prompts; G
 samples each; `num_iterations = train.epochs` passes of `train.minibatch_size`-completion
 minibatches over it. After each such "round" a callback stops the clock, measures held-out sampled
-accuracy with `rl_assets.evaluation` (same prompts, samples, temperature and seed as the evaluation
+accuracy with `rl_assets.eval.evaluation` (same prompts, samples, temperature and seed as the evaluation
 asset; the RNG state is restored afterwards), starts the clock again, and stops training at the
 target or after --max-rounds. TRL's clock starts when its process is launched (imports, model load
 and trainer construction count, as the pipeline's step processes count on our side). What still
@@ -136,7 +136,7 @@ def grpo_config(params, prompts_per_round: int, max_rounds: int, output_dir: str
     """Our `rollouts` and `train` sections mapped onto TRL's GRPOConfig, one generation batch = one of our rounds."""
     from trl import GRPOConfig
 
-    from rl_assets.precision import resolve_mixed_precision
+    from rl_assets.core.precision import resolve_mixed_precision
 
     use_cpu, precision = device == "cpu", resolve_mixed_precision(params.train.mixed_precision, device)  # as our training loop picks it
 
@@ -171,13 +171,13 @@ def trl_worker(args: argparse.Namespace) -> None:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from rl_assets.config import load_params
-    from rl_assets.evaluation import eval_prompts, evaluate_checkpoint
-    from rl_assets.models import load_policy, pick_device
-    from rl_assets.paths import checkpoint_key, data_dir, output_path
+    from rl_assets.core.config import load_params
+    from rl_assets.eval.evaluation import eval_prompts, evaluate_checkpoint
+    from rl_assets.core.policy import load_policy, pick_device
+    from rl_assets.core.paths import checkpoint_key, data_dir, output_path
     from rl_assets.rewards import resolve_reward_function
-    from rl_assets.rollouts import choose_prompts
-    from rl_assets.schemas import read_table
+    from rl_assets.rollout.sampling import choose_prompts
+    from rl_assets.core.schemas import read_table
 
     params = load_params("params.yaml")
     data = data_dir(params.experiment)

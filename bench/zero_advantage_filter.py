@@ -43,16 +43,16 @@ def main() -> None:
     os.chdir(REPO)  # the params' data paths are relative to the project
     import torch
 
-    from rl_assets.process import quiet_step
-    from rl_assets.config import load_params
-    from rl_assets.evaluation import eval_prompts, evaluate_checkpoint
-    from rl_assets.models import load_base_model, load_policy
-    from rl_assets.prompts import build_prompts
-    from rl_assets.raw_data import load_raw_data
+    from rl_assets.run.process import quiet_step
+    from rl_assets.core.config import load_params
+    from rl_assets.eval.evaluation import eval_prompts, evaluate_checkpoint
+    from rl_assets.core.policy import load_base_model, load_policy
+    from rl_assets.data.prompts import build_prompts
+    from rl_assets.data.raw_data import load_raw_data
     from rl_assets.rewards import score_rollouts
-    from rl_assets.rollouts import sample_rollouts
-    from rl_assets.sft import warm_start
-    from rl_assets.train import train_on_rollouts
+    from rl_assets.rollout.sampling import sample_rollouts
+    from rl_assets.train.sft import warm_start
+    from rl_assets.train.policy_gradient import train_on_rollouts
 
     quiet_step()
     params = load_params(args.params, args.overrides)

@@ -15,8 +15,7 @@ from dagster import AssetExecutionContext, AssetSpec, Backoff, MaterializeResult
 
 from pipelines.checks import guard_specs
 from pipelines.steps import ParamsResource, asset_key, load_project_params, materialized, written_keys
-from rl_assets.config import EPISODE_KEYS
-from rl_assets.paths import checkpoint_key, data_dir, output_path
+from rl_assets.core.paths import checkpoint_key, data_dir, output_path
 
 def compute_tags() -> dict:
     """Op tags of a compute step: its GPU need, which dagster-k8s turns into an nvidia.com/gpu request."""
@@ -26,8 +25,8 @@ def compute_tags() -> dict:
     if gpus:
         limits = {"nvidia.com/gpu": str(gpus)}
         container["resources"] = {"requests": limits, "limits": limits}
-    if compute.executor == "k8s":  # the kubelet restarts a step whose heartbeat stops moving (rl_assets/heartbeat.py)
-        container["liveness_probe"] = {"exec": {"command": ["python", "-m", "rl_assets.heartbeat", "--this-host"]},
+    if compute.executor == "k8s":  # the kubelet restarts a step whose heartbeat stops moving (rl_assets/run/heartbeat.py)
+        container["liveness_probe"] = {"exec": {"command": ["python", "-m", "rl_assets.run.heartbeat", "--this-host"]},
                                        "period_seconds": 60, "failure_threshold": 3, "timeout_seconds": 30}
     if container:
         tags["dagster-k8s/config"] = {"container_config": container}
@@ -41,34 +40,32 @@ TRAINING_RETRY = RetryPolicy(max_retries=2, delay=30, backoff=Backoff.EXPONENTIA
 
 
 def base_checkpoint_tracking() -> dict:
-    """r00 starts from the promoted model when promotion.warm_start says so: then DVC tracks that choice and the model."""
+    """r00 starts from the promoted model when promotion.warm_start says so: then DVC tracks that model too."""
     promotion = load_project_params().promotion
-    if promotion.warm_start == "promoted":
-        return stage_tracking("sft", ["seed", "model", "sft", "promotion.warm_start"], [f"{promotion.directory}/promoted"])
-    return stage_tracking("sft", ["seed", "model", "sft", *EPISODE_KEYS[:3]])  # with sft.demonstration the tools answer the demonstrations
+    return stage_tracking("sft", [f"{promotion.directory}/promoted"] if promotion.warm_start == "promoted" else None)
 
 
-def stage_tracking(stage: str, params_sections: list[str], inputs: list[str] | None = None) -> dict:
+def stage_tracking(stage: str, inputs: list[str] | None = None) -> dict:
     """The `metadata` and `code_version` of a stage's asset: what dvc-sync writes and what the UI compares.
 
-    The metadata name the params sections, code files (rl_assets.stage_code: the project modules the stage
-    imports and the user's own, e.g. reward modules) and raw inputs that are the stage's DVC deps. The code
-    version hashes that code's content and the sections' effective values, so the UI shows the asset stale
-    exactly when `dvc status` shows its stage changed.
+    The metadata name the params keys and code files of the stage (rl_assets.core.stage_table: the declared
+    project code and the user's own modules, e.g. reward modules) and its raw inputs: the stage's DVC deps.
+    The code version hashes that code's content and the params' effective values, so the UI shows the asset
+    stale exactly when `dvc status` shows its stage changed.
     """
-    from rl_assets.stage_code import stage_code, stage_version
+    from rl_assets.core.stage_table import stage_code, stage_params, stage_version
 
     params = load_project_params()
     code = [path for path in stage_code(stage, params) if not Path(path).is_absolute()]  # DVC deps live in the project
-    metadata = {"rl_assets/params": written_keys(params_sections), "rl_assets/code": code}
+    metadata = {"rl_assets/params": written_keys(stage_params(stage, params)), "rl_assets/code": code}
     if inputs:
         metadata["rl_assets/inputs"] = inputs
-    return {"metadata": metadata, "code_version": stage_version(stage, params, params_sections)}
+    return {"metadata": metadata, "code_version": stage_version(stage, params)}
 
 
 def raw_inputs() -> list[str]:
     """Every file or folder the sources read (data files, dataset folders, generator modules): DVC deps."""
-    from rl_assets.raw_data import source_inputs
+    from rl_assets.data.raw_data import source_inputs
 
     return source_inputs(load_project_params().raw_data)
 
@@ -78,12 +75,12 @@ def raw_inputs() -> list[str]:
     group_name="data",
     kinds={"parquet"},
     description="Every configured source (JSONL/CSV/Parquet/datasets files, seeded generators) merged into one table with source and hash per row.",
-    **stage_tracking("raw_data", ["seed", "raw_data"], raw_inputs()),
+    **stage_tracking("raw_data", raw_inputs()),
     check_specs=guard_specs(asset_key("raw_data")),
 )
 def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
-    from rl_assets.raw_data import load_raw_data
-    from rl_assets.schemas import RAW_DATA, write_table
+    from rl_assets.data.raw_data import load_raw_data
+    from rl_assets.core.schemas import RAW_DATA, write_table
 
     p = params.load()
     table, dropped = load_raw_data(p.raw_data, p.seed)  # raises before anything is written
@@ -100,13 +97,13 @@ def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator
     group_name="data",
     kinds={"parquet"},
     description="Deduplicated prompts with a stable hash-based sft/rl/eval split and a token-length filter.",
-    **stage_tracking("prompts", ["prompts", "model.name_or_path"]),
+    **stage_tracking("prompts"),
     check_specs=guard_specs(asset_key("prompts")),
 )
 def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
-    from rl_assets.prompts import build_prompts
-    from rl_assets.schemas import PROMPTS, read_table, write_table
-    from rl_assets.tokenizer import load_tokenizer
+    from rl_assets.data.prompts import build_prompts
+    from rl_assets.core.schemas import PROMPTS, read_table, write_table
+    from rl_assets.core.tokenizer import load_tokenizer
 
     p = params.load()
     data = data_dir(p.experiment)
@@ -129,4 +126,4 @@ def evaluation_spec(rounds: int) -> AssetSpec:
     return AssetSpec(asset_key("evaluation"), deps=[asset_key(checkpoint_key(n)) for n in range(rounds + 1)] + [prompts],
                      group_name="evaluation", kinds={"parquet"},
                      description="Greedy and sampled accuracy of every checkpoint on held-out prompts, with a per-round plot.",
-                     **stage_tracking("evaluation", ["seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS]))
+                     **stage_tracking("evaluation"))

@@ -1,9 +1,9 @@
-"""Asset checks: the guards of rl_assets.output_guards on every output, blocking where a failure must stop the run.
+"""Asset checks: the guards of rl_assets.eval.output_guards on every output, blocking where a failure must stop the run.
 
 Each asset declares its guards as check specs and evaluates them in its own step, right after
 writing its output: no step of their own, so a round is three steps, not six. A compute child
 evaluates them itself and stops at a failed blocking guard before writing anything more
-(`rl_assets.resident`); the parent turns what it reported into check results (`check_result`). An
+(`rl_assets.run.resident`); the parent turns what it reported into check results (`check_result`). An
 in-process asset evaluates them here (`guarded`). Either way a blocking guard that fails is reported
 with ERROR severity and then fails the step with `Failure(allow_retries=False)` (a retry would
 write the same output and fail the same way), so Dagster skips everything downstream in the same
@@ -18,9 +18,9 @@ from typing import Iterator
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, Failure, MaterializeResult
 
 from pipelines.pipes_child import GUARD_DESCRIPTION
-from rl_assets.config import Params
-from rl_assets.output_guards import GuardFailed, GuardResult, evaluate_guards, guard_table, stop_if_blocked
-from rl_assets.paths import asset_key_path, output_key
+from rl_assets.core.config import Params
+from rl_assets.eval.output_guards import GuardFailed, GuardResult, evaluate_guards, guard_table, stop_if_blocked
+from rl_assets.core.paths import asset_key_path, output_key
 
 
 def guard_specs(asset_key: AssetKey) -> list[AssetCheckSpec]:

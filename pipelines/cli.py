@@ -1,9 +1,13 @@
-"""Run the graph through Dagster from the command line (what `make run` and DVC stages call).
+"""The `rl-assets` command (also `python -m pipelines`, which `make run` and the DVC stages call).
 
-    python -m pipelines run [--all] [--set section.key=value ...]   what is missing or stale (--all: every asset), one Dagster run
-    python -m pipelines materialize r01/rollouts            one asset (each DVC stage's command)
-    python -m pipelines dvc-sync [--check]                  write (or check) dvc.yaml from the graph
-    python -m pipelines status                              JSON health summary; exit 1 when the latest run failed
+    rl-assets run [--all] [--set section.key=value ...]   what is missing or stale (--all: every asset), one Dagster run
+    rl-assets materialize r01/rollouts            one asset (each DVC stage's command)
+    rl-assets dvc-sync [--check]                  write (or check) dvc.yaml from the graph
+    rl-assets status                              JSON health summary; exit 1 when the latest run failed
+
+and the library's commands that read, sample or serve the outputs without Dagster (rl_assets/cli.py):
+lineage, report, query, generate, rollback, track, serve, import-model. Dagster is imported only by the
+commands above that need it.
 """
 
 import argparse
@@ -16,7 +20,7 @@ import time
 from pathlib import Path
 from types import SimpleNamespace
 
-from rl_assets.paths import data_dir, flow_order, output_key
+from rl_assets.core.paths import data_dir, flow_order, output_key
 
 
 def use_project_instance() -> None:
@@ -44,7 +48,7 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
 
     from pipelines.dvc import record_journal
     from pipelines.outdated import outdated_assets
-    from pipelines.steps import ParamsResource, asset_key, run_tags
+    from pipelines.steps import asset_key, project_params, run_tags
     from pipelines.writer import cli_tags, exclusive_writer
 
     say = functools.partial(print, file=sys.stderr)
@@ -78,7 +82,7 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
         with warm_child_for(PARAMS, keys, say), _one_line_per_skip():  # the compute child imports torch while the run starts
             start_step_server(PARAMS)
             result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,
-                                 tags={**run_tags(ParamsResource()), **cli_tags()})
+                                 tags={**run_tags(project_params()), **cli_tags()})
         if recorded := record_journal(log):  # what a run stopped before its compute step left (pipelines.steps.compute_step_follows)
             say(f"dvc.lock: recorded {len(recorded)} stages the run wrote before it stopped ({', '.join(recorded)})")
         if result.success:
@@ -224,13 +228,18 @@ def latest_run(experiment: str | None = None) -> dict | None:
                 "overrides": [o for o in tags.get("rl_assets/overrides", "").split(";") if o], "params_hash": tags.get("rl_assets/params_hash")}
 
 
+def _latest_run_id() -> str | None:
+    use_project_instance()
+    return (latest_run() or {}).get("run_id")
+
+
 def run_params(run: dict | None):
     """The params the latest run used (its params file and overrides, from its tags), and a note when they cannot be had.
 
     Falls back to the project's params ($RL_ASSETS_PARAMS or params.yaml) for a run without those tags or before any run.
     """
     from pipelines.steps import load_project_params
-    from rl_assets.config import Params, ParamsError, load_params
+    from rl_assets.core.config import Params, ParamsError, load_params
 
     if not run or not run.get("params_file"):
         return load_project_params(), None
@@ -246,7 +255,7 @@ def run_params(run: dict | None):
 def print_status() -> int:
     import json
 
-    from rl_assets.status import project_status
+    from rl_assets.run.status import project_status
 
     from pipelines.steps import load_project_params
 
@@ -283,7 +292,9 @@ def refuse_params_under_dvc() -> str | None:
 
 
 def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines", description=__doc__.split("\n\n")[0])
+    from rl_assets.cli import COMMANDS, add_commands, run_command
+
+    parser = argparse.ArgumentParser(prog="rl-assets", description="RL post-training of language models as versioned assets.")
     commands = parser.add_subparsers(dest="command", required=True)
     run = commands.add_parser("run", help="materialize every asset in one Dagster run, then print the evaluation table")
     run.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
@@ -293,23 +304,26 @@ def main(argv=None) -> int:
     sync = commands.add_parser("dvc-sync", help="write dvc.yaml from the asset graph")
     sync.add_argument("--check", action="store_true", help="exit 1 if dvc.yaml differs from the generated file")
     commands.add_parser("status", help="JSON health summary: latest rl_pipeline run, current round, last metrics, promoted model")
+    add_commands(commands)
     args = parser.parse_args(argv)
+    if args.command in COMMANDS:  # the library's: what only Dagster knows is handed over, Dagster imported only if asked
+        return run_command(args, latest_run_id=_latest_run_id, status_command=[sys.executable, "-m", "pipelines", "status"])
 
     if getattr(args, "overrides", None):
         os.environ["RL_ASSETS_SET"] = ";".join(args.overrides)
     from pipelines.steps import load_project_params
-    from rl_assets.config import ParamsError
+    from rl_assets.core.config import ParamsError
 
     if refused := refuse_params_under_dvc():
         print(f"error: {refused}", file=sys.stderr)
         return 2
-    try:  # fail on a bad params file, a missing data source or a model that misfits its tokenizer before a run starts
+    try:  # fail on a bad params file, user code that does not load, a missing data source or a model that misfits its tokenizer before a run starts
         params = load_project_params()
         if args.command in ("run", "materialize"):
-            from pipelines.steps import ParamsResource
-            from rl_assets.raw_data import check_run_inputs
+            from pipelines.steps import project_params
+            from rl_assets.run.preflight import preflight
 
-            check_run_inputs(params, ParamsResource().path, getattr(args, "keys", None))
+            preflight(params, project_params().path, getattr(args, "keys", None))
     except ParamsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2
@@ -345,14 +359,14 @@ def main(argv=None) -> int:
         print("\n".join(report), file=sys.stderr)
         return 1
     if args.command == "run" and set(params.tracking.backends) - {"tensorboard"}:  # one tracker run per pipeline run
-        from rl_assets.trackers import log_run
+        from rl_assets.eval.trackers import log_run
 
         try:
             print(f"tracked: {log_run(Path('.'), params, latest_run()['run_id'])}", file=sys.stderr)
         except Exception as error:  # noqa: BLE001 - the run succeeded; a tracker that is down or missing is a warning
             print(f"warning: tracking failed ({type(error).__name__}: {error}); `rl-assets track` retries", file=sys.stderr)
     if args.command == "run":
-        from rl_assets.reports import summary_text
+        from rl_assets.eval.reports import summary_text
 
     
         print(summary_text(data_dir(params.experiment)))

@@ -3,7 +3,7 @@
 Every output is an asset of its own (its materialization, data version, code version, metadata and
 guards), and the one op that writes them can be subset: a run asks for the outputs it needs (all of
 them, `r04/*`, or `r03/rewards` alone to rescore), and one child process writes them in flow order
-with the models kept loaded (rl_assets.resident), reporting each the moment it is done, so the UI
+with the models kept loaded (rl_assets.run.resident), reporting each the moment it is done, so the UI
 fills in round by round. The op carries the GPU tags and the `gpu` pool, and launches through
 torchrun or the k8s executor like any compute step (one child per output when the step uses
 several processes).
@@ -19,7 +19,7 @@ from pipelines.checks import guard_specs
 from pipelines.promotion import promoted_model_spec
 from pipelines.rounds import round_specs
 from pipelines.steps import ParamsResource, asset_key, run_compute
-from rl_assets.paths import flow_order, output_key
+from rl_assets.core.paths import flow_order, output_key
 
 
 def compute_asset(rounds: int):

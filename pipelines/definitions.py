@@ -12,7 +12,7 @@ from pipelines.assets import prompts, raw_data
 from pipelines.compute import compute_asset
 from pipelines.reward_model import reward_model_asset
 from pipelines.schedules import raw_data_sensor, retrain_schedule
-from pipelines.steps import ParamsResource, load_project_params
+from pipelines.steps import load_project_params, project_params
 
 
 PARAMS = load_project_params()
@@ -79,6 +79,6 @@ defs = Definitions(
     schedules=[retrain_schedule(PARAMS)],
     sensors=[raw_data_sensor],
     executor=executor(PARAMS),
-    resources={"pipes": PipesSubprocessClient(), "params": ParamsResource()},
+    resources={"pipes": PipesSubprocessClient(), "params": project_params()},
     loggers={"brief_console": brief_console},
 )

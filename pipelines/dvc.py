@@ -23,10 +23,10 @@ from pathlib import Path
 import yaml
 from dagster import AssetKey
 
-from rl_assets.config import ParamsError
-from rl_assets.paths import DATA, EVALUATION_METRICS, EVALUATION_PLOT, dvc_stage_name, output_key, output_path
-from rl_assets.storage import atomic_path
-from rl_assets.tracking import ROUND_PLOTS
+from rl_assets.core.config import ParamsError
+from rl_assets.core.paths import DATA, EVALUATION_METRICS, EVALUATION_PLOT, dvc_stage_name, output_key, output_path
+from rl_assets.core.storage import atomic_path
+from rl_assets.eval.curves import ROUND_PLOTS
 
 PYTHON = ".venv/bin/python"
 
@@ -285,7 +285,7 @@ def effective_dvc_params(keys: list[str], params_file: str, overrides: list[str]
     The file as written, ${VAR} interpolated and `--set` applied; each value keeps the file's shape (only the keys
     written in it, as DVC records them), with leaves replaced by the validated values so `1e-4` is a float as DVC reads it.
     """
-    from rl_assets.config import parse_params, read_params_file, resolved_raw
+    from rl_assets.core.config import parse_params, read_params_file, resolved_raw
 
     written = read_params_file(params_file)
     raw = resolved_raw(copy.deepcopy(written), params_file, overrides)

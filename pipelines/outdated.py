@@ -5,7 +5,7 @@ does nothing, and a run that died continues from the first asset it did not fini
 Dagster's own verdict (code version: the stage's code and params; data version: an upstream
 output changed since), the same change `dvc status` sees through dvc.lock. Two more reasons come
 from outside Dagster's view: an output deleted or changed on disk since it was recorded (a truncated
-checkpoint, a table overwritten; rl_assets.verify), and an asset whose blocking guard never
+checkpoint, a table overwritten; rl_assets.core.verify), and an asset whose blocking guard never
 passed on its latest materialization (the run stopped there, or died before the check ran). And
 one from the run state: a round that must train continues its parent's carried optimizer moments
 (train.carry_optimizer_state); when those are gone, the parent round trains again to recreate them.
@@ -26,7 +26,7 @@ from pathlib import Path
 
 from dagster import AssetKey, AssetSpec, DagsterEventType, DagsterInstance
 
-from rl_assets.paths import output_key, output_path
+from rl_assets.core.paths import output_key, output_path
 
 CODE_VERSION, DATA_VERSION, INPUT_DATA_VERSION = "dagster/code_version", "dagster/data_version", "dagster/input_data_version"
 
@@ -35,7 +35,7 @@ def changed_outputs(instance: DagsterInstance, rounds: int, experiment: str = "d
                     models: Path = Path("models")) -> dict[str, str]:
     """{output: why} for every materialized output of the flow in the data folder `data` (paths.data_dir) that is no longer
     what its latest materialization recorded (what `rl-assets status` reports; `run` makes them again)."""
-    from rl_assets.paths import asset_key_path, checkpoint_key, round_prefix
+    from rl_assets.core.paths import asset_key_path, checkpoint_key, round_prefix
 
     names = ["raw_data", "prompts", checkpoint_key(0), *(f"{round_prefix(n)}/{stage}" for n in range(1, rounds + 1)
                                                          for stage in ("rollouts", "rewards", "checkpoint")), "evaluation"]
@@ -46,7 +46,7 @@ def changed_outputs(instance: DagsterInstance, rounds: int, experiment: str = "d
 
 def _changed_on_disk(key: AssetKey, event, data: Path, promoted: Path) -> str | None:
     """Why the output on disk is not the one the latest materialization recorded (None when it is)."""
-    from rl_assets.verify import changed
+    from rl_assets.core.verify import changed
 
     name = output_key(key.path)
     if name == "promoted_model":  # a decision with a history (models/), not a reproducible output
@@ -73,8 +73,8 @@ def outdated_assets(instance: DagsterInstance, specs: list[AssetSpec], data: Pat
 
 def _parents_with_lost_moments(reasons: dict[AssetKey, str], data: Path) -> dict[AssetKey, str]:
     """Checkpoints not due to run whose carried moments are gone while the next round's checkpoint must train."""
-    from rl_assets.paths import checkpoint_key
-    from rl_assets.train_state import lost_moments
+    from rl_assets.core.paths import checkpoint_key
+    from rl_assets.train.train_state import lost_moments
 
     lost = {}
     for key in reasons:
@@ -117,7 +117,7 @@ def _outdated(instance: DagsterInstance, specs: list[AssetSpec], data: Path, mod
                                                 for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
                                                 if e.dagster_event.event_specific_data.passed})
 
-    from rl_assets.output_guards import guard_table
+    from rl_assets.eval.output_guards import guard_table
 
     reasons: dict[AssetKey, str] = {}
     for key in order:

@@ -3,7 +3,7 @@
     python -m pipelines.pipes_child KEY [KEY ...] [--params params.yaml] [--set k=v]
     python -m torch.distributed.run --standalone --nproc_per_node=N -m pipelines.pipes_child r01/checkpoint
 
-Writes the outputs in flow order in this one process, the models kept loaded (rl_assets.resident).
+Writes the outputs in flow order in this one process, the models kept loaded (rl_assets.run.resident).
 Rank 0 opens the Pipes session and reports each output the moment it is written: its metadata,
 its content hash as the data version, and its guards' verdicts as asset checks. A blocking guard
 that fails ends the child before the next output. Other ranks only compute. Imports
@@ -33,7 +33,7 @@ ERROR_DIR_ENV = "RL_ASSETS_ERROR_DIR"
 DETERMINISTIC_EXIT = 65  # sysexits EX_DATAERR: retrying cannot help
 TRANSIENT_EXIT = 75  # sysexits EX_TEMPFAIL: a retry may succeed
 GUARD_DESCRIPTION = "rl_assets/description"  # a guard's verdict text (report_asset_check takes no description)
-WRITING, WRITING_PATH = "while writing ", "output path: "  # rl_assets.resident's notes on an error: the output it was writing, its path
+WRITING, WRITING_PATH = "while writing ", "output path: "  # rl_assets.run.resident's notes on an error: the output it was writing, its path
 
 # RuntimeErrors raised by torch.distributed backends and CUDA when a peer, the network or the device fails.
 TRANSIENT_MESSAGE = re.compile(r"NCCL|\bgloo\b|timed out|timeout|connection (closed|reset|refused) by peer|"
@@ -53,7 +53,7 @@ def _deterministic_types() -> tuple[type[BaseException], ...]:
     """Errors that name bad inputs even when their message mentions a timeout or memory."""
     kinds: list[type[BaseException]] = [ValueError, KeyError, IndexError, TypeError, AttributeError, ImportError, AssertionError,
                                         FileNotFoundError, NotImplementedError]
-    for module, name in (("rl_assets.config", "ParamsError"), ("rl_assets.train_state", "TrainStateMismatch")):
+    for module, name in (("rl_assets.core.config", "ParamsError"), ("rl_assets.train.train_state", "TrainStateMismatch")):
         kind = getattr(sys.modules.get(module), name, None)
         if isinstance(kind, type):
             kinds.append(kind)
@@ -140,8 +140,8 @@ def report_failure(error: BaseException) -> int:
 
 def data_version(output: Path) -> str:
     """A checkpoint's id (the hash of its weights, computed when it was saved), else the output's content hash."""
-    from rl_assets.checkpoints import LINEAGE_FILE, checkpoint_id
-    from rl_assets.storage import content_hash
+    from rl_assets.core.checkpoints import LINEAGE_FILE, checkpoint_id
+    from rl_assets.core.storage import content_hash
 
     return checkpoint_id(output) if (output / LINEAGE_FILE).is_file() else content_hash(output)
 
@@ -149,12 +149,12 @@ def data_version(output: Path) -> str:
 def run(argv: list[str] | None = None) -> int:
     from dagster_pipes import open_dagster_pipes
 
-    from rl_assets import compute
-    from rl_assets.paths import asset_key_path
-    from rl_assets.process import quiet_step, start_distributed, stop_distributed
-    from rl_assets.resident import write_outputs
+    from rl_assets.run import step
+    from rl_assets.core.paths import asset_key_path
+    from rl_assets.run.process import quiet_step, start_distributed, stop_distributed
+    from rl_assets.run.resident import write_outputs
 
-    args, params = compute.parse_args(argv, prog="python -m pipelines.pipes_child")
+    args, params = step.parse_args(argv, prog="python -m pipelines.pipes_child")
     quiet_step()
     if start_distributed(params) == 0:
         with open_dagster_pipes() as pipes:  # an exception is also reported through Pipes (the run's event log)

@@ -26,7 +26,7 @@ def reward_model_asset() -> AssetsDefinition | None:
         pool="gpu",
         op_tags=COMPUTE_TAGS,
         description="A sequence-classification reward model trained with TRL's RewardTrainer on chosen/rejected pairs.",
-        **stage_tracking("reward_model", ["seed", "reward_model"], [configured.preference_data]),
+        **stage_tracking("reward_model", [configured.preference_data]),
     )
     def reward_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
         yield from run_compute(context, pipes, params, ["reward_model"])

@@ -11,7 +11,7 @@ from dagster import AssetSpec
 from pipelines.assets import stage_tracking
 from pipelines.reward_model import uses_reward_model
 from pipelines.steps import asset_key, load_project_params
-from rl_assets.paths import checkpoint_key, round_prefix
+from rl_assets.core.paths import checkpoint_key, round_prefix
 
 
 def round_specs(n: int) -> list[AssetSpec]:
@@ -22,13 +22,13 @@ def round_specs(n: int) -> list[AssetSpec]:
     return [
         AssetSpec(rollouts, deps=[previous, asset_key("prompts")], group_name=prefix, kinds={"parquet"},
                   description=f"Round {n}: G completions per training prompt sampled from {checkpoint_key(n - 1)}, with per-token log-probs.",
-                  **stage_tracking("rollouts", ["seed", "rollouts"])),
+                  **stage_tracking("rollouts")),
         # The code version hashes the `rewards` section and the reward code (the user's modules included): after
         # editing either, the UI shows this asset as changed and the rollouts as up to date (as `dvc status` does).
         AssetSpec(rewards, deps=[rollouts, *([asset_key("reward_model")] if uses_reward_model() else [])], group_name=prefix, kinds={"parquet"},
                   description=f"Round {n}: every rollout scored by the configured reward functions (rescored without resampling).",
-                  **stage_tracking("rewards", ["rewards"])),
+                  **stage_tracking("rewards")),
         AssetSpec(checkpoint, deps=[rewards, rollouts, previous, *reference], group_name=prefix, kinds={"pytorch"},
                   description=f"Round {n}: {checkpoint_key(n - 1)} updated by {params.train.algorithm} on this round's stored rollouts and rewards.",
-                  **stage_tracking("train", ["seed", "train"])),
+                  **stage_tracking("train")),
     ]

@@ -11,13 +11,13 @@ from pathlib import Path
 from dagster import DefaultScheduleStatus, DefaultSensorStatus, RunRequest, ScheduleDefinition, SensorEvaluationContext, SkipReason, sensor
 
 from pipelines.steps import load_project_params
-from rl_assets.config import Params
-from rl_assets.storage import content_hash
+from rl_assets.core.config import Params
+from rl_assets.core.storage import content_hash
 
 
 def raw_data_version(params: Params) -> str:
     """Hash of every file or folder the raw data sources read (the raw_data DVC deps): changes exactly when they do."""
-    from rl_assets.raw_data import source_inputs
+    from rl_assets.data.raw_data import source_inputs
 
     paths = source_inputs(params.raw_data)
     return hashlib.md5("".join(f"{path}\0{content_hash(path) if Path(path).exists() else 'missing'}\n" for path in paths).encode()).hexdigest()

@@ -33,29 +33,33 @@ from pipelines.checks import check_result, guarded
 from pipelines.dvc import MISSING, JournalFollower, dotted, record_in_dvc, record_journal
 from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
 from pipelines.warm_child import CHILD_ENV, PIPES_CHILD, take
-from rl_assets.config import ComputeParams, Params, load_params
-from rl_assets.paths import asset_key_path, dvc_stage_name, output_key, stage_of
-from rl_assets.storage import content_hash
+from rl_assets.core.config import ComputeParams, Params, load_params
+from rl_assets.core.paths import asset_key_path, dvc_stage_name, output_key, stage_of
+from rl_assets.core.stage_table import STAGE_TABLE
+from rl_assets.core.storage import content_hash
 
 # Dagster's own Pipes session reads this preview property on every compute step; the warning is not about our code.
 warnings.filterwarnings("ignore", message=r"Function `PipesMessageReader\.expected_writer_count` is currently in preview", category=PreviewWarning)
 
-# SFT (HF Trainer) and GRPO training scale across processes; sampling, scoring and evaluation run in one.
-DISTRIBUTED_STAGES = {"sft", "train"}
-
-
-def _env_overrides() -> list[str]:
-    return [item for item in os.environ.get("RL_ASSETS_SET", "").split(";") if item]
 
 
 class ParamsResource(ConfigurableResource):
     """Which params file (and `--set` overrides) the run uses; editable in the launchpad."""
 
-    path: str = os.environ.get("RL_ASSETS_PARAMS", "params.yaml")
-    overrides: list[str] = _env_overrides()
+    path: str = "params.yaml"
+    overrides: list[str] = []
 
     def load(self) -> Params:
         return load_params(self.path, self.overrides)
+
+
+def project_params() -> ParamsResource:
+    """The project's params as this process was asked for them: $RL_ASSETS_PARAMS and the `--set` overrides in $RL_ASSETS_SET.
+
+    Read when called, never at import: `rl-assets run --set k=v` sets the variable, then builds the code location.
+    """
+    return ParamsResource(path=os.environ.get("RL_ASSETS_PARAMS", "params.yaml"),
+                          overrides=[item for item in os.environ.get("RL_ASSETS_SET", "").split(";") if item])
 
 
 def run_tags(params: ParamsResource) -> dict[str, str]:
@@ -90,7 +94,7 @@ def load_project_params() -> Params:
 
     Every asset factory asks; the file is parsed once per content, overrides and environment.
     """
-    resource = ParamsResource()
+    resource = project_params()
     path = Path(resource.path)
     text = path.read_bytes() if path.is_file() else b""
     return _parsed_params(resource.path, tuple(resource.overrides), text, frozenset(os.environ.items()), str(Path.cwd()))
@@ -102,7 +106,7 @@ def written_keys(keys: list[str]) -> list[str]:
     DVC refuses to run a stage whose params key is missing from params.yaml; the default it would have is in the code version.
     The file is read as the run reads it (`--set` overrides included), so an override names its key too.
     """
-    resource = ParamsResource()
+    resource = project_params()
     path = Path(resource.path)
     raw = _written_params(resource.path, tuple(resource.overrides), path.read_bytes() if path.is_file() else b"", frozenset(os.environ.items()))
     return [key for key in keys if "." not in key or dotted(raw, key) is not MISSING]
@@ -111,7 +115,7 @@ def written_keys(keys: list[str]) -> list[str]:
 @functools.lru_cache(maxsize=8)
 def _written_params(path: str, overrides: tuple[str, ...], text: bytes, environment: frozenset) -> dict:
     """The params file as written, as a run reads it (${VAR} and overrides applied), parsed once per content."""
-    from rl_assets.config import read_params_file, resolved_raw
+    from rl_assets.core.config import read_params_file, resolved_raw
 
     return resolved_raw(read_params_file(path), path, overrides) if text else {}
 
@@ -130,7 +134,7 @@ def compute_command(keys: list[str], params: ParamsResource, compute: ComputePar
     args = [*PIPES_CHILD, *keys, "--params", params.path]
     for override in params.overrides:
         args += ["--set", override]
-    if not any(stage_of(key)[0] in DISTRIBUTED_STAGES for key in keys):
+    if not any(STAGE_TABLE[stage_of(key)[0]].distributed for key in keys):  # SFT and training scale across processes
         return [sys.executable, *args]
     if compute.accelerate_config:
         return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", compute.accelerate_config,
@@ -145,7 +149,7 @@ def compute_command(keys: list[str], params: ParamsResource, compute: ComputePar
 
 
 def resident(compute: ComputeParams) -> bool:
-    """One child for all of a step's outputs: asked for (compute.resident) and possible (one process: see rl_assets.loaded)."""
+    """One child for all of a step's outputs: asked for (compute.resident) and possible (one process: see rl_assets.run.loaded)."""
     return compute.resident and compute.nproc * compute.nnodes == 1 and not compute.accelerate_config
 
 

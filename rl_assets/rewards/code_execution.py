@@ -14,7 +14,7 @@ list whose items are any of
 
 The program is the last fenced code block of the completion (```python ... ```), or the whole
 completion when it has none; it runs with `__name__ == "solution"` for the first two kinds and as a
-script for the third. Everything runs in the bubblewrap sandbox of `sandbox.py` (no sandbox: an
+script for the third. Everything runs in the bubblewrap sandbox of `rl_assets/core/sandbox.py` (no sandbox: an
 error, never a bare run). The score is the share of test cases passed; a row without tests scores
 None. A crash, a timeout or a blown limit fails the tests not yet passed.
 
@@ -39,7 +39,7 @@ What the test itself must do (the program can still win these honestly-looking w
   values should be plain data;
 - stdin/stdout tests see only the output text: a program that knows the answer can print it.
 
-tests/rl_assets/test_sandbox_hostile.py holds a program for each trick above, each scoring 0.
+tests/rl_assets/core/test_sandbox_hostile.py holds a program for each trick above, each scoring 0.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from rl_assets.sandbox import Limits, Sandbox, require_sandbox, run_sandboxed, sandbox_python
+from rl_assets.core.sandbox import Limits, Sandbox, require_sandbox, run_sandboxed, sandbox_python
 
 _FENCED = re.compile(r"```[ \t]*(?:python|py|python3)?[ \t]*\n(.*?)```", re.DOTALL)
 JUDGE = Path(__file__).with_name("judge.py")
@@ -128,7 +128,7 @@ def code_execution(completions: list[str], tests: list[list | None] | None = Non
                    wall_seconds: float = 10.0, workers: int = 4, **kwargs) -> list[float | None]:
     """The share of each row's test cases that the completion's program passes (None: the row has no tests).
 
-    Each program runs in fresh bubblewrap sandboxes (see `sandbox.py`), `workers` rows at a time.
+    Each program runs in fresh bubblewrap sandboxes (see `rl_assets/core/sandbox.py`), `workers` rows at a time.
 
     >>> code_execution(["```python\\ndef add(a, b):\\n    return a + b\\n```", "def add(a, b): return a - b", "x"],
     ...                tests=[["assert add(1, 2) == 3", "assert add(0, 0) == 0"]] * 2 + [None])

@@ -1,6 +1,6 @@
 """A learned reward: the score of any Hugging Face sequence-classification model folder.
 
-The `reward_model` asset trains one (rl_assets/reward_model.py); any other folder with a one-label
+The `reward_model` asset trains one (rl_assets/train/reward_model.py); any other folder with a one-label
 `AutoModelForSequenceClassification` head and its tokenizer works the same. torch and transformers
 are imported on first use, so loading params or the Dagster code location never pays for them.
 """

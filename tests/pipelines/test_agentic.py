@@ -13,9 +13,9 @@ import yaml
 from dagster import AssetKey, DagsterInstance
 
 from conftest import REPO, copy_project, python
-from rl_assets.lineage import connect_tables
-from rl_assets.schemas import read_table
-from rl_assets.storage import content_hash
+from rl_assets.eval.lineage import connect_tables
+from rl_assets.core.schemas import read_table
+from rl_assets.core.storage import content_hash
 
 pytestmark = pytest.mark.e2e
 
@@ -92,8 +92,8 @@ AGENTIC = REPO / "examples" / "agentic"
 
 
 def test_the_agentic_demo_and_its_baseline_validate_and_differ_only_in_the_tool(monkeypatch):
-    from rl_assets.config import load_params
-    from rl_assets.raw_data import check_sources
+    from rl_assets.core.config import load_params
+    from rl_assets.data.raw_data import check_sources
 
     monkeypatch.chdir(REPO)
     tools, baseline = load_params("examples/agentic/params.yaml"), load_params("examples/agentic/no_tools.yaml")

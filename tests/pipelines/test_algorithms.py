@@ -7,7 +7,7 @@ from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
 
 from conftest import copy_project, python
-from rl_assets.checkpoints import read_lineage
+from rl_assets.core.checkpoints import read_lineage
 
 pytestmark = pytest.mark.e2e
 
@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 def test_algorithm_trains_the_round_and_records_itself(pipeline_outputs, tmp_path, algorithm, settings, expected):
     project = copy_project(pipeline_outputs, tmp_path / "project")
     overrides = [f"train.algorithm={algorithm}", *settings]
-    python(["-m", "rl_assets.compute", "train", "--round", "1", *sum((["--set", o] for o in overrides), [])], project, timeout=600)
+    python(["-m", "rl_assets.run.step", "train", "--round", "1", *sum((["--set", o] for o in overrides), [])], project, timeout=600)
     card = read_lineage(project / "data/r01/checkpoint")
     assert card["algorithm"] == algorithm and card["train"]["algorithm"] == algorithm
     assert card["metrics"][expected] > 0 and card["metrics"]["steps"] > 0 and card["history"]

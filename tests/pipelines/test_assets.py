@@ -9,8 +9,8 @@ import yaml
 from dagster import DataVersion, MaterializeResult, build_asset_context
 
 from conftest import DVC, copy_project, import_pipelines, micro_params
-from rl_assets.schemas import read_table
-from rl_assets.storage import file_hash
+from rl_assets.core.schemas import read_table
+from rl_assets.core.storage import file_hash
 
 GENERATED = micro_params()["raw_data"]["sources"][0]["count"]
 STATIC_ROWS = 60  # data/raw/arithmetic_extra.jsonl

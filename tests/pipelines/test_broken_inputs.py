@@ -16,9 +16,9 @@ import yaml
 from dagster import build_asset_context
 
 from conftest import REPO, import_pipelines
-from rl_assets.config import ParamsError
-from rl_assets.raw_data import RawDataError
-from rl_assets.schemas import read_table
+from rl_assets.core.config import ParamsError
+from rl_assets.data.raw_data import RawDataError
+from rl_assets.core.schemas import read_table
 
 CORPUS = REPO / "tests" / "broken_inputs"
 MANIFEST = yaml.safe_load((CORPUS / "manifest.yaml").read_text())
@@ -109,7 +109,7 @@ def test_skipped_bad_rows_are_counted_and_sampled(assets, reference, tmp_path, c
 
 def test_chat_template_on_a_tokenizer_without_one_stops_prompts_and_writes_nothing(assets, reference, tmp_path):
     from pipelines.steps import ParamsResource
-    from rl_assets.prompts import ChatTemplateError
+    from rl_assets.data.prompts import ChatTemplateError
 
     project = project_for({"sources": GOOD_SOURCES}, reference, tmp_path)
     params = yaml.safe_load((project / "params.yaml").read_text())

@@ -12,7 +12,7 @@ import os
 import pytest
 
 from conftest import MICRO_OUTPUTS, PYTHON, copy_project, python, run
-from rl_assets.checkpoints import checkpoint_id
+from rl_assets.core.checkpoints import checkpoint_id
 
 pytestmark = pytest.mark.e2e
 
@@ -45,7 +45,7 @@ def test_a_truncated_checkpoint_is_named_everywhere_and_made_again(pipeline_outp
     assert code == 1 and health["healthy"] is False
     assert "data/r01/checkpoint changed since it was recorded" in health["changed_outputs"]["r01/checkpoint"]
 
-    trace = run([PYTHON, "-m", "rl_assets.cli", "lineage", "data/r01/checkpoint"], project, timeout=300, check=False)
+    trace = run([PYTHON, "-m", "pipelines", "lineage", "data/r01/checkpoint"], project, timeout=300, check=False)
     assert trace.returncode == 1, trace.stdout + trace.stderr
     assert "data/r01/checkpoint: changed since recorded" in trace.stderr
 
@@ -61,9 +61,9 @@ def test_a_table_overwritten_with_random_bytes_is_named_and_made_again(pipeline_
     ids = {key: checkpoint_id(project / MICRO_OUTPUTS[key]) for key in CHECKPOINTS}
     overwrite_with_random_bytes(project / MICRO_OUTPUTS["r01/rollouts"])
 
-    query = run([PYTHON, "-m", "rl_assets.cli", "query", "select count(*) from rollouts"], project, timeout=300, check=False)
+    query = run([PYTHON, "-m", "pipelines", "query", "select count(*) from rollouts"], project, timeout=300, check=False)
     assert query.returncode == 2 and "data/r01/rollouts.parquet is unreadable" in query.stderr, query.stdout + query.stderr
-    trace = run([PYTHON, "-m", "rl_assets.cli", "lineage", "data/r01/checkpoint"], project, timeout=300, check=False)
+    trace = run([PYTHON, "-m", "pipelines", "lineage", "data/r01/checkpoint"], project, timeout=300, check=False)
     assert trace.returncode == 1 and "data/r01/rollouts.parquet: changed since recorded" in trace.stderr, trace.stderr
 
     done = python(["-m", "pipelines", "run"], project, timeout=900)

@@ -14,9 +14,9 @@ import pytest
 import yaml
 
 from conftest import REPO, python
-from rl_assets.config import load_params
-from rl_assets.raw_data import check_sources
-from rl_assets.schemas import read_table
+from rl_assets.core.config import load_params
+from rl_assets.data.raw_data import check_sources
+from rl_assets.core.schemas import read_table
 
 DEMO = REPO / "examples" / "demo" / "params.yaml"
 RELATIVE = DEMO.relative_to(REPO)

@@ -10,13 +10,13 @@ from safetensors.torch import load_file
 from dagster import AssetKey, DagsterInstance
 
 from conftest import copy_project, python
-from rl_assets.checkpoints import read_lineage
-from rl_assets.storage import file_hash
+from rl_assets.core.checkpoints import read_lineage
+from rl_assets.core.storage import file_hash
 
 pytestmark = pytest.mark.e2e
 
 ATOL = 1e-5
-TRAIN = ["-m", "rl_assets.compute", "train", "--round", "1"]
+TRAIN = ["-m", "rl_assets.run.step", "train", "--round", "1"]
 ENV = {"OMP_NUM_THREADS": "1"}
 
 

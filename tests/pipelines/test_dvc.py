@@ -9,7 +9,7 @@ import yaml
 from dagster import AssetKey, DagsterInstance
 
 from conftest import MICRO_OUTPUTS, MICRO_STAGES, copy_project, dvc, dvc_status, python
-from rl_assets.storage import file_hash
+from rl_assets.core.storage import file_hash
 
 pytestmark = pytest.mark.e2e
 

@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import copy_project, dvc, dvc_status, python
-from rl_assets.checkpoints import read_lineage
+from rl_assets.core.checkpoints import read_lineage
 
 pytestmark = pytest.mark.e2e  # make test installs DVC: without it, dvc() fails the test
 

@@ -42,15 +42,15 @@ def test_experiments_keep_their_own_outputs_and_never_restale_each_other(micro_t
     assert status["experiment"] == "other" and status["data"] == "data/experiments/other" and status["current_round"] == 1
     assert not status["other_experiment_outputs"] and not status["changed_outputs"]
 
-    report = run([PYTHON, "-m", "rl_assets.cli", "report"], project, timeout=300, RL_ASSETS_PARAMS="other.yaml")
+    report = run([PYTHON, "-m", "pipelines", "report"], project, timeout=300, RL_ASSETS_PARAMS="other.yaml")
     assert "; experiment other" in report.stdout.splitlines()[0]
-    query = run([PYTHON, "-m", "rl_assets.cli", "query", "select 'rounds=' || count(distinct round) || ' lr=' || any_value(lr) "
+    query = run([PYTHON, "-m", "pipelines", "query", "select 'rounds=' || count(distinct round) || ' lr=' || any_value(lr) "
                  "from rollouts, (select any_value(train.learning_rate) as lr from checkpoints where round = 1)"], project, timeout=300,
                 RL_ASSETS_PARAMS="other.yaml")
     assert "rounds=1 lr=0.005" in query.stdout, query.stdout
-    trace = run([PYTHON, "-m", "rl_assets.cli", "lineage", "data/experiments/other/r01/checkpoint"], project, timeout=300)
+    trace = run([PYTHON, "-m", "pipelines", "lineage", "data/experiments/other/r01/checkpoint"], project, timeout=300)
     assert "data/experiments/other/r00/checkpoint" in trace.stdout and "data/r00" not in trace.stdout
-    trace = run([PYTHON, "-m", "rl_assets.cli", "lineage", "data/r02/checkpoint"], project, timeout=300)  # exit 0: intact
+    trace = run([PYTHON, "-m", "pipelines", "lineage", "data/r02/checkpoint"], project, timeout=300)  # exit 0: intact
     assert "data/r01/checkpoint" in trace.stdout
 
     again = python(["-m", "pipelines", "run", "--set", "rounds=2"], project, timeout=900)  # back to the default: all up to date

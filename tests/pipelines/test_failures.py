@@ -20,8 +20,8 @@ from dagster import (AssetExecutionContext, DagsterEventType, DagsterInstance, F
 from pipelines.cli import failure_report
 from pipelines.pipes_child import DETERMINISTIC_EXIT, TRANSIENT_EXIT, classify, error_line
 from pipelines.steps import ComputeStepCrashed, run_child, step_failure
-from rl_assets.config import ParamsError
-from rl_assets.train_state import TrainStateMismatch
+from rl_assets.core.config import ParamsError
+from rl_assets.train.train_state import TrainStateMismatch
 from conftest import REPO, python
 
 

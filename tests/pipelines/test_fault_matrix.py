@@ -14,7 +14,7 @@ from dagster import DagsterInstance, DagsterRunStatus
 
 from conftest import python
 from faults import SIGNALS, checkpoint_ids, fault_project, interrupted, resumed, uninterrupted
-from rl_assets.checkpoints import read_lineage
+from rl_assets.core.checkpoints import read_lineage
 
 pytestmark = pytest.mark.e2e
 

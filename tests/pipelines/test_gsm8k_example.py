@@ -16,7 +16,7 @@ import yaml
 
 from conftest import MICRO_OUTPUTS, REPO, python
 from real_models import GSM8K, LENGTH_REWARD, save_real_model
-from rl_assets.schemas import read_table
+from rl_assets.core.schemas import read_table
 
 pytestmark = pytest.mark.e2e
 

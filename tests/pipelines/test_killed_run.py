@@ -15,8 +15,8 @@ import pytest
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus
 
 from conftest import MICRO_OUTPUTS, PYTHON, copy_project, project_env, python
-from rl_assets.checkpoints import checkpoint_id
-from rl_assets.heartbeat import running_steps
+from rl_assets.core.checkpoints import checkpoint_id
+from rl_assets.run.heartbeat import running_steps
 
 pytestmark = pytest.mark.e2e
 
@@ -39,7 +39,7 @@ def wait_for(condition, process, timeout: float = 600) -> None:
 
 
 def compute_step_running(project, since: float = 0.0) -> bool:
-    """A compute stage that started after `since` beats in a live process (rl_assets/heartbeat.py, what `rl-assets status`
+    """A compute stage that started after `since` beats in a live process (rl_assets/run/heartbeat.py, what `rl-assets status`
     reads): its step holds the gpu slot. Read from the project's files, not the instance, which the run may be creating.
     `since`: a killed run's child can linger as a zombie (nothing reaps it in a container), its heartbeat looking alive."""
     return any(step["started"] >= since for step in running_steps(project))

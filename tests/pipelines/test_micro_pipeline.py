@@ -11,9 +11,9 @@ from dagster import PipesSubprocessClient, materialize
 from safetensors.torch import load_file
 
 from conftest import MICRO_OUTPUTS, TABLES, copy_project, import_pipelines, micro_params, python
-from rl_assets.checkpoints import LINEAGE_FILE, checkpoint_id, read_lineage, weights_hash
-from rl_assets.schemas import read_table, reward_function_names, rewards_schema, write_table
-from rl_assets.storage import content_hash, file_hash
+from rl_assets.core.checkpoints import LINEAGE_FILE, checkpoint_id, read_lineage, weights_hash
+from rl_assets.core.schemas import read_table, reward_function_names, rewards_schema, write_table
+from rl_assets.core.storage import content_hash, file_hash
 
 pytestmark = pytest.mark.e2e
 
@@ -155,13 +155,13 @@ def test_materialization_metadata(pipeline):
 
 
 def lineage(project, check=True):
-    done = python(["-m", "rl_assets.cli", "lineage", "data/r01/checkpoint", "--json"], project, timeout=120, check=check)
+    done = python(["-m", "pipelines", "lineage", "data/r01/checkpoint", "--json"], project, timeout=120, check=check)
     return json.loads(done.stdout) if done.returncode == 0 else done
 
 
 def lineage_with_problems(project) -> tuple[list[dict], str]:
     """The trace of a project with a changed file: printed in full, and exit 1 with the problems on stderr."""
-    done = python(["-m", "rl_assets.cli", "lineage", "data/r01/checkpoint", "--json"], project, timeout=120, check=False)
+    done = python(["-m", "pipelines", "lineage", "data/r01/checkpoint", "--json"], project, timeout=120, check=False)
     assert done.returncode == 1, f"lineage exited {done.returncode}: {done.stderr.strip()}"
     return json.loads(done.stdout), done.stderr
 

@@ -8,6 +8,7 @@ import json
 import threading
 import time
 
+import pytest
 from dagster import PipesSubprocessClient, PipesTempFileMessageReader
 
 from pipelines.steps import WholeLineMessageReader, _message_reader, whole_lines
@@ -24,18 +25,27 @@ class Handler:
         self.errors.append((origin, exc_info[1]))
 
 
-def test_a_message_written_in_pieces_is_read_once_whole_and_the_messages_after_it_still_arrive():
-    long = {"method": "report_asset_materialization", "params": {"metadata": {"samples": "x" * 20_000}}}
-    line = json.dumps(long) + "\n"
+LONG = {"method": "report_asset_materialization", "params": {"metadata": {"samples": "x" * 20_000}}}
+CLOSED = {"method": "closed", "params": {}}
+
+
+def written_in_pieces(reader) -> Handler:
+    """What `reader` hands on when a long message reaches its file in two writes, 0.3 s apart, and a short one follows."""
+    line = json.dumps(LONG) + "\n"
     handler = Handler()
-    with WholeLineMessageReader().read_messages(handler) as params:
+    with reader.read_messages(handler) as params:
         with open(params["path"], "a", encoding="utf-8") as out:
             out.write(line[:281])  # where the half-written line cut Dagster's reader off
             out.flush()
             time.sleep(0.3)  # the reader sees the piece and waits for the rest
-            out.write(line[281:] + json.dumps({"method": "closed", "params": {}}) + "\n")
+            out.write(line[281:] + json.dumps(CLOSED) + "\n")
+    return handler
+
+
+def test_a_message_written_in_pieces_is_read_once_whole_and_the_messages_after_it_still_arrive():
+    handler = written_in_pieces(WholeLineMessageReader())
     assert handler.errors == []
-    assert handler.messages == [long, {"method": "closed", "params": {}}]
+    assert handler.messages == [LONG, CLOSED]
 
 
 def test_the_lines_written_before_the_session_closes_are_all_read_and_a_last_half_line_is_dropped(tmp_path):
@@ -52,3 +62,10 @@ def test_only_dagsters_default_reader_is_replaced():
     assert isinstance(_message_reader(PipesSubprocessClient(message_reader=PipesTempFileMessageReader())), WholeLineMessageReader)
     custom = WholeLineMessageReader()
     assert _message_reader(PipesSubprocessClient(message_reader=custom)) is custom
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # its reader thread dies: the bug
+def test_dagsters_own_reader_loses_the_message_written_in_pieces_and_every_one_after():
+    """The upstream bug (docs/operations.md): when this starts failing, Dagster's reader reads whole lines and ours can go."""
+    handler = written_in_pieces(PipesTempFileMessageReader())
+    assert handler.messages == [] and [origin for origin, _ in handler.errors] == ["PipesFileMessageReader reader thread"]

@@ -1,4 +1,4 @@
-"""The promoted_model asset (a Pipes child running rl_assets.promotion) and the promoted warm start in DVC."""
+"""The promoted_model asset (a Pipes child running rl_assets.eval.promotion) and the promoted warm start in DVC."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from dagster import PipesSubprocessClient, materialize
 
 from conftest import REPO, import_pipelines, python
 from ops_support import make_fake_project
-from rl_assets.checkpoints import read_lineage
+from rl_assets.core.checkpoints import read_lineage
 
 
 def test_promoted_model_asset_promotes_the_best_checkpoint(tmp_path, monkeypatch):

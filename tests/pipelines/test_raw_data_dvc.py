@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from conftest import dvc, python
-from rl_assets.schemas import read_table
+from rl_assets.core.schemas import read_table
 
 pytestmark = pytest.mark.e2e
 

@@ -16,7 +16,7 @@ import yaml
 
 from conftest import MICRO_OUTPUTS, python
 from real_models import ARCHS, LENGTH_REWARD, TOKENIZER_STYLE, end_token_ids, expected_prompt_ids, leading_count, save_real_model
-from rl_assets.schemas import read_table
+from rl_assets.core.schemas import read_table
 
 pytestmark = pytest.mark.e2e
 

@@ -10,8 +10,8 @@ import pytest
 import yaml
 
 from conftest import PYTHON, REPO, copy_project, python, run
-from rl_assets.checkpoints import read_lineage
-from rl_assets.import_model import import_model
+from rl_assets.core.checkpoints import read_lineage
+from rl_assets.core.import_model import import_model
 
 pytestmark = pytest.mark.e2e
 
@@ -48,15 +48,15 @@ def test_one_round_of_the_real_model_records_its_base(real_project):
 
 def test_the_trained_model_generates_and_serves_a_chat(real_project, monkeypatch):
     project, _, _ = real_project
-    done = run([PYTHON, "-m", "rl_assets.cli", "generate", "--checkpoint", "r01", "--max-new-tokens", "8", "What is 2 plus 2?"],
+    done = run([PYTHON, "-m", "pipelines", "generate", "--checkpoint", "r01", "--max-new-tokens", "8", "What is 2 plus 2?"],
                project, timeout=600)
     row = json.loads(done.stdout.splitlines()[-1])
     assert row["prompt"] == "What is 2 plus 2?" and row["completion"].strip()  # rendered as a user turn, so the model answers
 
     from fastapi.testclient import TestClient
 
-    from rl_assets.config import load_params
-    from rl_assets.serve import create_app
+    from rl_assets.core.config import load_params
+    from rl_assets.serve.app import create_app
 
     status = [PYTHON, "-c", "print('{}')"]  # the server's run-state probe; this test asks it nothing about runs
     monkeypatch.chdir(project)  # the params name the project's own reward module
@@ -74,9 +74,9 @@ def test_the_smollm2_example_holds_out_enough_prompts_and_cannot_be_fooled_by_a_
     (>= 150 prompts, each checkpoint on the same prompts and seed: the paired SE), and its reward takes stated answers only."""
     from transformers import AutoTokenizer
 
-    from rl_assets.config import load_params
-    from rl_assets.prompts import build_prompts
-    from rl_assets.raw_data import load_raw_data
+    from rl_assets.core.config import load_params
+    from rl_assets.data.prompts import build_prompts
+    from rl_assets.data.raw_data import load_raw_data
     from rl_assets.rewards.math_answers import math_answer
 
     project, _, _ = real_project

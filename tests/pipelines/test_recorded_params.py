@@ -13,9 +13,9 @@ import pytest
 import yaml
 
 from conftest import DVC, MICRO_OUTPUTS, NO_DVC_REASON, copy_project, dvc, dvc_status, micro_params, python
-from rl_assets.config import apply_override
-from rl_assets.schemas import table_lineage
-from rl_assets.storage import file_hash
+from rl_assets.core.config import apply_override
+from rl_assets.core.schemas import table_lineage
+from rl_assets.core.storage import file_hash
 
 pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not DVC.exists(), reason=NO_DVC_REASON)]
 
@@ -83,7 +83,7 @@ def test_editing_a_user_reward_module_changes_only_the_stages_that_call_it(repro
     # the lineage of what was made names the module's content
     assert table_lineage(project / MICRO_OUTPUTS["r01/rewards"])["code"]["rewards"]["micro_rewards.py"] == recorded
     card = json.loads((project / MICRO_OUTPUTS["r01/checkpoint"] / "lineage.json").read_text())
-    assert card["code"]["rewards"]["micro_rewards.py"] == recorded and "rl_assets/train.py" in card["code"]["train"]
+    assert card["code"]["rewards"]["micro_rewards.py"] == recorded and "rl_assets/train/policy_gradient.py" in card["code"]["train"]
 
     module.write_text(module.read_text().replace("isdigit()", "isalpha()"))
     changed = dvc_status(project)
@@ -101,10 +101,10 @@ def test_dvc_repro_refuses_a_stage_steered_to_other_params(micro_copy):
 
 def test_editing_a_module_a_stage_imports_marks_exactly_the_stages_that_import_it(reproduced_project, tmp_path):
     project = copy_project(reproduced_project["path"], tmp_path / "project")
-    losses = project / "rl_assets" / "losses.py"  # imported by train.py only
+    losses = project / "rl_assets" / "train" / "losses.py"  # declared code of training only
     losses.write_text(losses.read_text() + "\n")
     assert set(dvc_status(project)) == {"r01-checkpoint"}
 
-    stages = project / "rl_assets" / "stages.py"  # the stage functions: r00's SFT, rollouts, rewards, training, evaluation
+    stages = project / "rl_assets" / "run" / "stages.py"  # the stage functions: r00's SFT, rollouts, rewards, training, evaluation
     stages.write_text(stages.read_text() + "\n")
     assert set(dvc_status(project)) == {"r00-checkpoint", "r01-rollouts", "r01-rewards", "r01-checkpoint", "evaluation"}

@@ -12,9 +12,9 @@ import pytest
 from dagster import AssetKey, DagsterInstance
 
 from conftest import copy_project, python
-from rl_assets.checkpoints import checkpoint_id
-from rl_assets.paths import flow_order
-from rl_assets.storage import content_hash
+from rl_assets.core.checkpoints import checkpoint_id
+from rl_assets.core.paths import flow_order
+from rl_assets.core.storage import content_hash
 
 pytestmark = pytest.mark.e2e
 

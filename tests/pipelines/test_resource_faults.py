@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from conftest import MICRO_OUTPUTS, python
-from rl_assets.checkpoints import checkpoint_id
+from rl_assets.core.checkpoints import checkpoint_id
 
 pytestmark = pytest.mark.e2e  # root, as make test and CI run: a tmpfs it cannot mount fails the test
 

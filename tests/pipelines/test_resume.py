@@ -13,13 +13,13 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import PYTHON, copy_project, project_env, python
-from rl_assets.checkpoints import read_lineage
+from rl_assets.core.checkpoints import read_lineage
 
 pytestmark = pytest.mark.e2e
 
 # 32 micro rollouts in minibatches of 2 for 4 epochs: 64 optimizer steps, a state every 4.
 SETTINGS = ["--set", "train.minibatch_size=2", "--set", "train.epochs=4", "--set", "train.save_steps=4", "--set", "train.keep_last=2"]
-TRAIN = ["-m", "rl_assets.compute", "train", "--round", "1", *SETTINGS]
+TRAIN = ["-m", "rl_assets.run.step", "train", "--round", "1", *SETTINGS]
 ENV = {"OMP_NUM_THREADS": "1"}
 
 

@@ -15,8 +15,8 @@ import yaml
 from dagster import AssetKey, DagsterInstance, DataVersion, MaterializeResult, PipesSubprocessClient, asset, materialize
 
 from conftest import REPO, import_pipelines, micro_params
-from rl_assets.schemas import ROLLOUTS, read_table, write_table
-from rl_assets.storage import file_hash
+from rl_assets.core.schemas import ROLLOUTS, read_table, write_table
+from rl_assets.core.storage import file_hash
 
 ROLLOUTS_KEY, REWARDS_KEY, CHECKPOINT_KEY = AssetKey(["r01", "rollouts"]), AssetKey(["r01", "rewards"]), AssetKey(["r01", "checkpoint"])
 
@@ -81,7 +81,7 @@ def stale(instance, assets, key, modules):
 
 
 def resources(modules):
-    return {"params": modules["steps"].ParamsResource(), "pipes": PipesSubprocessClient()}
+    return {"params": modules["steps"].project_params(), "pipes": PipesSubprocessClient()}
 
 
 def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(project):

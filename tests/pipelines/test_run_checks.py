@@ -55,7 +55,7 @@ def test_run_stops_before_it_starts(tmp_path, case):
 
 
 def test_a_model_folder_whose_vocabulary_misses_tokenizer_tokens(tmp_path):
-    from rl_assets.tokenizer import build_tiny_tokenizer
+    from rl_assets.core.tokenizer import build_tiny_tokenizer
 
     project = project_with(tmp_path, {"raw_data": {"sources": [GOOD]}, "rewards": REWARDS})
     tokenizer = build_tiny_tokenizer()

@@ -1,0 +1,1 @@
+"""What every stage shares: params, paths, atomic storage, table schemas, checkpoints, the policy and its tokenizer."""

@@ -1,0 +1,561 @@
+"""Typed view of `params.yaml`: one model per section, every field documented, defaults only here.
+
+Loading stops with a `ParamsError` that names the file, the key path and what is allowed, so a
+typo in a long experiment config fails before any compute starts.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+
+class ParamsError(ValueError):
+    """A params file or override that cannot be used; the message names the file and key path."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ComputeParams(Section):
+    nproc: int = Field(1, ge=1, le=1024, description="Processes per compute step; torchrun is used when > 1.")
+    device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where compute steps run; auto picks cuda when present.")
+    gpus_per_step: int = Field(0, ge=0, description="GPUs a compute step asks the executor for (op tags and k8s requests).")
+    nnodes: int = Field(1, ge=1, description="Machines per training step; > 1 uses torchrun's c10d rendezvous at rdzv_endpoint.")
+    rdzv_endpoint: str = Field("", description="host:port of the rendezvous for multi-node training (e.g. a k8s headless service).")
+    accelerate_config: str = Field("", description="An Accelerate config file (DeepSpeed, FSDP, ...): steps then launch with `accelerate launch`.")
+    gpu_memory_fraction: float = Field(1.0, gt=0, le=1, description="Cap on the share of each GPU's memory a step may allocate.")
+    executor: Literal["multiprocess", "k8s"] = Field("multiprocess", description="Dagster executor: local processes, or one pod per step (dagster-k8s).")
+    resident: bool = Field(True, description="One child process writes all the round outputs a run asks for, models kept loaded; false: one "
+                                             "process per output (always so when nproc, nnodes or accelerate_config ask for several processes).")
+
+    @model_validator(mode="after")
+    def _check_nodes(self):
+        if self.nnodes > 1 and not self.rdzv_endpoint:
+            raise ValueError("nnodes > 1 needs rdzv_endpoint (host:port every node can reach)")
+        return self
+
+
+class TinyModelParams(Section):
+    hidden_size: int = Field(128, ge=8, description="Width of the embedded Llama-style model.")
+    num_layers: int = Field(4, ge=1, description="Decoder layers of the embedded model.")
+    num_heads: int = Field(4, ge=1, description="Attention heads of the embedded model.")
+    intermediate_size: int = Field(512, ge=8, description="MLP width of the embedded model.")
+
+    @model_validator(mode="after")
+    def _check_heads(self):  # what LlamaConfig would reject inside the first compute step
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size}")
+        if (self.hidden_size // self.num_heads) % 2:
+            raise ValueError(f"hidden_size/num_heads={self.hidden_size}/{self.num_heads}={self.hidden_size // self.num_heads} (the head size) "
+                             "must be even: rotary position embeddings rotate pairs of dimensions")
+        return self
+
+
+class ModelParams(Section):
+    name_or_path: str = Field("tiny", min_length=1, description="'tiny' (embedded, built locally), a local HF folder or a hub id.")
+    tiny: TinyModelParams = Field(default_factory=TinyModelParams, description="Shape of the embedded model when name_or_path is 'tiny'.")
+
+
+# Keyword arguments the rewards stage already passes to reward functions; an extra column may not shadow them.
+RESERVED_EXTRA = ("answer", "completion", "completion_ids", "completions", "prompt", "prompt_id", "prompts", "truncated")
+
+
+class ColumnsParams(Section):
+    prompt: str = Field("prompt", min_length=1, description="The source's column holding the problem text.")
+    answer: str = Field("answer", min_length=1, description="The source's column holding the reference answer (text or a number).")
+    extra: list[str] = Field(default_factory=list, description="Columns passed on to reward functions as keyword arguments, by their own name.")
+
+    @model_validator(mode="after")
+    def _check_extra(self):
+        reserved = sorted(set(self.extra) & set(RESERVED_EXTRA))
+        if reserved:
+            raise ValueError(f"extra columns {reserved} would shadow reward arguments; reserved: {list(RESERVED_EXTRA)}")
+        repeated = sorted({c for c in self.extra if self.extra.count(c) > 1})
+        if repeated:
+            raise ValueError(f"extra lists columns more than once: {repeated}")
+        return self
+
+
+class SourceParams(Section):
+    kind: Literal["generator", "python", "jsonl", "csv", "parquet", "hf_dataset"] = Field(
+        description="generator: templates JSON; python: your 'module:function'; jsonl/csv/parquet: a file; hf_dataset: a save_to_disk folder.")
+    path: str | None = Field(None, min_length=1, description="File or folder, relative to the project root (every kind but python).")
+    function: str | None = Field(None, description="python only: 'module:function' called as function(count=..., seed=...) -> list of row dicts.")
+    count: int = Field(0, ge=0, description="Rows to generate (generator and python only).")
+    columns: ColumnsParams = Field(default_factory=ColumnsParams, description="Which columns hold the prompt, the answer and extra reward inputs.")
+    split: str | None = Field(None, min_length=1, description="hf_dataset only: the split of a saved DatasetDict.")
+    weight: float = Field(1.0, gt=0, description="Share of raw_data.max_rows drawn from this source, relative to the other weights.")
+    on_bad_rows: Literal["error", "skip"] | None = Field(None, description="Overrides raw_data.on_bad_rows for this source.")
+
+    @model_validator(mode="after")
+    def _check_kind(self):
+        generated = self.kind in ("generator", "python")
+        if generated and self.count < 1:
+            raise ValueError(f"a {self.kind} source needs count >= 1")
+        if not generated and self.count:
+            raise ValueError("count applies to generator and python sources only")
+        if (self.kind == "python") != (self.function is not None):
+            raise ValueError("function ('module:function') is required for, and only for, python sources")
+        if self.function is not None and not re.fullmatch(r"[A-Za-z_][\w.]*:[A-Za-z_]\w*", self.function):
+            raise ValueError(f"function must be 'module:function', got {self.function!r}")
+        if (self.kind == "python") == (self.path is not None):
+            raise ValueError("python sources take function, not path" if self.kind == "python" else f"a {self.kind} source needs a path")
+        if self.kind == "generator" and self.columns != ColumnsParams():
+            raise ValueError("columns do not apply to generator sources (templates define prompt and answer)")
+        if self.split is not None and self.kind != "hf_dataset":
+            raise ValueError("split applies to hf_dataset sources only")
+        return self
+
+
+class RawDataParams(Section):
+    sources: list[SourceParams] = Field(min_length=1, description="Where problems come from; all are merged into one table.")
+    max_rows: int | None = Field(None, ge=1, description="Mix the sources to this many rows, split by weight (seeded draw without replacement); unset: every row.")
+    on_bad_rows: Literal["error", "skip"] = Field("error", description="error: stop at the first bad row; skip: drop bad rows and report them.")
+
+    @model_validator(mode="after")
+    def _check_weights(self):
+        if self.max_rows is None and any(s.weight != 1.0 for s in self.sources):
+            raise ValueError("source weights apply only when raw_data.max_rows is set")
+        return self
+
+
+class PromptsParams(Section):
+    eval_fraction: float = Field(0.1, gt=0.0, lt=1.0, description="Share of unique problems held out for evaluation (hash-based, stable).")
+    sft_fraction: float = Field(0.25, ge=0.0, lt=1.0, description="Share of the other problems kept for the SFT warm start; the rest are RL prompts.")
+    max_prompt_tokens: int = Field(64, ge=1, description="Prompts longer than this (in the policy's tokens) are dropped.")
+    template: str = Field("{prompt}", description="How a problem is shown to the model; must contain {prompt}.")
+    chat_template: bool | str = Field(False, description="true: wrap the templated text as a user turn with the tokenizer's chat template; "
+                                                         "a string: that Jinja chat template instead; false: plain text.")
+    conflicting_answers: Literal["error", "drop", "first"] = Field(
+        "error", description="A problem that appears with different answers (e.g. '3+4=' as 6, 7 and 8): error stops the prompts step "
+                             "naming the rows; drop leaves every row of it out; first keeps the first answer. Each answer would otherwise "
+                             "become a prompt of its own, split apart, so the same problem could be trained on and held out.")
+
+    @model_validator(mode="after")
+    def _check_template(self):
+        if "{prompt}" not in self.template:
+            raise ValueError("template must contain {prompt}")
+        if isinstance(self.chat_template, str) and not self.chat_template.strip():
+            raise ValueError("chat_template must be true, false or a non-empty Jinja template")
+        return self
+
+
+class SFTParams(Section):
+    enabled: bool = Field(True, description="Warm-start r00 with supervised fine-tuning on the reference answers.")
+    learning_rate: float = Field(3e-3, gt=0, description="Peak learning rate of the warm start.")
+    max_steps: int = Field(300, ge=1, description="Optimizer steps of the warm start.")
+    batch_size: int = Field(64, ge=1, description="Examples per optimizer step.")
+    demonstration: list[str] = Field(default_factory=list, description="The policy's turns of a demonstration episode, format strings over the "
+                                     "prompts row ({problem}, {answer}, {prompt}): the rollouts' tools or environment answer between them "
+                                     "and their tokens carry no loss. Empty: the answer alone.")
+    demonstration_share: float = Field(1.0, ge=0.0, le=1.0, description="Share of the sft rows shown as demonstration episodes (the first "
+                                       "ones in table order); the others show the answer alone, as without `demonstration`.")
+
+
+# The rollouts keys that make a rollout an episode: the evaluation runs its episodes with them too.
+EPISODE_KEYS = ["rollouts.tools", "rollouts.tool_format", "rollouts.environment", "rollouts.max_turns", "rollouts.max_episode_tokens"]
+
+
+class EnvironmentParams(Section):
+    name: str = Field(min_length=1, description="A built-in environment (guess_the_number, tools) or 'module:Class' from your code.")
+    options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of its constructor.")
+
+
+class RolloutsParams(Section):
+    prompts_per_round: int = Field(64, ge=1, description="B: training prompts sampled each round.")
+    samples_per_prompt: int = Field(8, ge=1, description="G: completions per prompt (the GRPO group).")
+    temperature: float = Field(1.0, gt=0, description="Sampling temperature; log-probs are stored under it.")
+    top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling threshold.")
+    max_new_tokens: int = Field(8, ge=1, description="Completion length cap; longer completions are truncated.")
+    batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
+    logprob_batch_size: int = Field(64, ge=1, description="Sequences per forward pass when recomputing the stored log-probs (memory grows with it).")
+    engine: Literal["auto", "transformers", "vllm"] = Field("auto", description="auto: vLLM on a GPU when installed, else batched transformers generate.")
+    tools: list[str] = Field(default_factory=list, description="Tools the policy may call (built in: calculator, python; or module:function "
+                                                               "with type hints and a docstring): rollouts become episodes of calls and results.")
+    tool_format: Literal["tagged", "hermes"] = Field("tagged", description="How calls are written: tagged `<call NAME>ARG</call>` (the embedded "
+                                                                          "model), hermes `<tool_call>{json}</tool_call>` (Qwen2.5 chat templates).")
+    environment: EnvironmentParams | None = Field(None, description="A multi-turn environment instead of tools (built in: guess_the_number).")
+    max_turns: int = Field(4, ge=1, le=64, description="Policy turns per episode (tools or environment); an episode still going after them is truncated.")
+    max_episode_tokens: int = Field(64, ge=1, description="Policy tokens per episode over all its turns (max_new_tokens caps each turn).")
+
+    @model_validator(mode="after")
+    def _one_environment(self):
+        if self.tools and self.environment is not None:
+            raise ValueError("set rollouts.tools or rollouts.environment, not both (the tools are an environment of their own)")
+        if self.episodes and self.engine == "vllm":
+            raise ValueError("rollouts.engine: vllm samples single completions; episodes (tools, environment) use engine: transformers")
+        return self
+
+    @property
+    def episodes(self) -> tuple[str, dict] | None:
+        """(environment name, options) when rollouts are episodes, else None."""
+        if self.tools:
+            return "tools", {"tools": self.tools, "format": self.tool_format}
+        if self.environment is not None:
+            return self.environment.name, self.environment.options
+        return None
+
+
+class RewardFunctionParams(Section):
+    name: str = Field(min_length=1, description="A function in rl_assets.rewards, or 'module:function' from your code.")
+    weight: float = Field(1.0, description="Weight in the total reward.")
+    options: dict[str, Any] = Field(default_factory=dict, validate_default=True, description="Keyword arguments of the function, checked against its signature.")
+    column: str | None = Field(None, pattern=r"^\w+$", description="Score column (score_<column>); defaults to the function's name.")
+
+    @property
+    def score_name(self) -> str:
+        """The function's score column is `score_<score_name>`."""
+        return self.column or self.name.rpartition(":")[2]
+
+
+class RewardsParams(Section):
+    functions: list[RewardFunctionParams] = Field(min_length=1, description="Weighted reward functions (TRL signature).")
+
+    @model_validator(mode="after")
+    def _unique_columns(self):
+        columns = [f.score_name for f in self.functions]
+        repeated = sorted({c for c in columns if columns.count(c) > 1})
+        if repeated:
+            raise ValueError(f"reward functions must have distinct names (one score column each; set `column` to tell them apart); repeated: {repeated}")
+        return self
+
+
+class RewardModelParams(Section):
+    preference_data: str = Field(min_length=1, description="JSONL of preference pairs: chosen, rejected and optionally prompt per line.")
+    name_or_path: str = Field("tiny", min_length=1, description="Base model: 'tiny' (the embedded model with a score head), a local HF folder or a hub id.")
+    tiny: TinyModelParams = Field(default_factory=TinyModelParams, description="Shape of the embedded model when name_or_path is 'tiny'.")
+    learning_rate: float = Field(1e-3, gt=0, description="AdamW learning rate of TRL's RewardTrainer.")
+    max_steps: int = Field(100, ge=1, description="Optimizer steps.")
+    batch_size: int = Field(16, ge=1, description="Preference pairs per optimizer step.")
+    max_length: int = Field(256, ge=8, description="Pairs whose prompt + response is longer (in tokens) are dropped.")
+
+
+class LoraParams(Section):
+    enabled: bool = Field(False, description="Train LoRA adapters (PEFT) instead of all weights.")
+    r: int = Field(16, ge=1, description="Adapter rank.")
+    alpha: int = Field(32, ge=1, description="Adapter scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the adapter input.")
+    target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="Modules that get adapters.")
+    merge: bool = Field(False, description="Save each round's checkpoint with adapters merged into full weights; "
+                                           "off saves only the adapters (loading needs peft and the r00 folder).")
+    load_in_4bit: bool = Field(False, description="QLoRA: the frozen base weights in 4-bit NF4 (bitsandbytes, CUDA only); needs merge off.")
+
+    @model_validator(mode="after")
+    def _check_qlora(self):
+        if self.load_in_4bit and self.merge:
+            raise ValueError("load_in_4bit cannot merge adapters into 4-bit weights; set merge: false")
+        return self
+
+
+class DPOParams(Section):
+    beta: float = Field(0.1, gt=0, description="DPO temperature: strength of the implicit KL to the parent checkpoint.")
+    loss_type: list[str] = Field(default_factory=lambda: ["sigmoid"], min_length=1, description="TRL DPO loss terms, e.g. [sigmoid, sft].")
+    loss_weights: list[float] | None = Field(None, description="One weight per loss_type entry; None weighs them equally.")
+    min_margin: float = Field(0.5, ge=0, description="A pair needs best - worst reward >= this (and > 0).")
+    batch_size: int = Field(16, ge=1, description="Preference pairs per optimizer step (per process).")
+
+    @model_validator(mode="after")
+    def _check_weights(self):
+        if self.loss_weights is not None and len(self.loss_weights) != len(self.loss_type):
+            raise ValueError(f"loss_weights has {len(self.loss_weights)} entries for {len(self.loss_type)} loss types")
+        return self
+
+
+class RFTParams(Section):
+    top_k: int = Field(1, ge=1, description="Best completions kept per prompt (expert iteration).")
+    min_reward: float = Field(1.0, description="Completions below this total reward are never kept.")
+    batch_size: int = Field(32, ge=1, description="Examples per optimizer step (per process).")
+
+
+# Algorithms whose learning signal is a comparison within a prompt's group of completions, and what it is.
+GROUP_ALGORITHMS = {"grpo": "every advantage is a reward minus its group's mean", "rloo": "the baseline is the other samples' mean",
+                    "reinforce_pp": "the group mean is subtracted before whitening", "dpo": "pairs are a prompt's best and worst completions"}
+
+
+class TrainParams(Section):
+    algorithm: Literal["grpo", "rloo", "reinforce_pp", "dpo", "rft"] = Field(
+        "grpo", description="grpo/rloo/reinforce_pp: policy gradient on the stored table; dpo: TRL DPOTrainer on best-vs-worst "
+                            "pairs; rft: TRL SFTTrainer on the top-k completions (rejection-sampling fine-tuning).")
+    loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field("grpo", description="Token aggregation of the policy-gradient loss (TRL's names).")
+    learning_rate: float = Field(1e-4, gt=0, description="AdamW peak learning rate.")
+    lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Learning-rate schedule within a round, after warmup.")
+    warmup_ratio: float = Field(0.0, ge=0, lt=1, description="Share of a round's optimizer steps spent warming up linearly.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    epochs: int = Field(2, ge=1, description="Passes over the round's rollout table (or pairs / kept completions).")
+    minibatch_size: int = Field(128, ge=1, description="Completions per optimizer step (global, across processes).")
+    gradient_accumulation_steps: int = Field(1, ge=1, description="Micro-batches each process splits its share of a minibatch into.")
+    epsilon: float = Field(0.2, gt=0, lt=1, description="Lower clip: the importance ratio is clipped to [1 - epsilon, 1 + epsilon_high].")
+    epsilon_high: float | None = Field(None, gt=0, description="Upper clip (DAPO's clip-higher, e.g. 0.28); None means epsilon.")
+    beta: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference (r00) policy; 0 turns it off.")
+    scale_rewards: Literal["group", "batch", "none"] = Field("group", description="GRPO's std scaling of advantages; none is Dr. GRPO.")
+    sampler_correction_cap: float | None = Field(3.0, gt=0, description="Cap of the truncated importance weights that correct for a sampler "
+                                                                        "other than the trainer (vLLM's own log-probs, TRL's token_truncate); null: off.")
+    mask_truncated_completions: bool = Field(False, description="Leave completions that hit max_new_tokens out of the loss (DAPO).")
+    drop_equal_reward_groups: bool = Field(False, description="Train only on groups whose rewards differ (DAPO's dynamic-sampling filter, as "
+                                                              "verl applies it): all-equal groups have advantage 0, so they are left out of "
+                                                              "the loss, its normalisation and the KL penalty. Minibatches shrink by the share "
+                                                              "left out, so a round keeps its optimizer steps and costs fewer rows; the token "
+                                                              "metrics (the entropy guard's too) then cover the trained rows only.")
+    max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    mixed_precision: Literal["auto", "no", "bf16", "fp16", "pure_bf16"] = Field(
+        "auto", description="auto: bf16 where the GPU supports it, else fp16 with loss scaling, fp32 on CPU; bf16/fp16 keep fp32 master "
+                            "weights under autocast; pure_bf16: bf16 weights and updates (half the memory, small updates round away).")
+    gradient_checkpointing: bool = Field(False, description="Recompute activations in the backward pass to save memory.")
+    save_steps: int = Field(0, ge=0, description="Save the full training state every this many optimizer steps (0: never); a rerun resumes.")
+    keep_last: int = Field(2, ge=1, description="Intermediate training states kept per round; older ones are deleted.")
+    resume: bool = Field(True, description="Resume from a saved state of the same round; false discards it and starts over.")
+    carry_optimizer_state: bool = Field(False, description="Keep AdamW's moments from round to round, as one long TRL run does (the "
+                                                           "moments of each checkpoint on disk in data/run_state/optimizer/<checkpoint id>.pt, "
+                                                           "never in a checkpoint: 2x the weights per round); off starts each round fresh.")
+    lora: LoraParams = Field(default_factory=LoraParams)
+    dpo: DPOParams = Field(default_factory=DPOParams)
+    rft: RFTParams = Field(default_factory=RFTParams)
+
+    @model_validator(mode="after")
+    def _check_batches(self):
+        if self.minibatch_size % self.gradient_accumulation_steps:
+            raise ValueError(f"minibatch_size={self.minibatch_size} must be a multiple of gradient_accumulation_steps={self.gradient_accumulation_steps}")
+        return self
+
+
+class EvaluationParams(Section):
+    max_prompts: int = Field(200, ge=1, description="Held-out prompts evaluated per checkpoint.")
+    samples_per_prompt: int = Field(4, ge=1, description="Samples per prompt for sampled accuracy.")
+    temperature: float = Field(1.0, gt=0, description="Temperature of sampled accuracy.")
+    greedy: bool = Field(True, description="Also report greedy accuracy (one more completion per prompt); false: sampled only.")
+    batch_size: int = Field(256, ge=1, description="Completions generated at once (memory, and speed: on CPU a smaller batch can be faster).")
+    max_new_tokens: int = Field(8, ge=1, description="Completion length cap at evaluation.")
+    correctness: str | None = Field(None, description="The reward function (its score column name) whose score 1 counts as correct; "
+                                                      "default: the first of rewards.functions.")
+
+
+class GuardsParams(Section):
+    kl_max: float = Field(0.03, gt=0, description="A checkpoint whose KL to the reference exceeds this fails its blocking check; later rounds stop.")
+    entropy_min: float = Field(0.01, ge=0, description="Mean token entropy (nats) below this counts as a collapsed policy (blocking).")
+    reward_drop_max: float = Field(0.1, ge=0, description="Mean rollout reward may fall at most this much below the previous round's (warning).")
+    accuracy_drop_max: float = Field(0.05, ge=0, description="Sampled held-out accuracy may fall at most this much below the previous checkpoint's (warning).")
+    tool_error_share_max: float = Field(0.5, ge=0, le=1, description="Share of an episode table's tool calls that may fail (warning).")
+    truncated_episode_share_max: float = Field(0.5, ge=0, le=1, description="Share of episodes that may end at a turn or token limit (warning).")
+
+
+class ScheduleParams(Section):
+    cron: str = Field("0 3 * * 1", min_length=1, description="When the retraining schedule launches rl_pipeline (cron, UTC).")
+    enabled: bool = Field(False, description="Start the schedule switched on; otherwise switch it on in the UI.")
+    watch_raw_data: bool = Field(False, description="Start the sensor that retrains when the raw data files change switched on.")
+
+
+class PromotionParams(Section):
+    warm_start: Literal["base", "promoted"] = Field("base", description="r00 is the base model (+ SFT), or the promoted model when there is one.")
+    min_improvement: float = Field(0.0, ge=0, description="Sampled accuracy a candidate must gain over the promoted model to replace it.")
+    directory: str = Field("models", min_length=1, description="Where promoted/ (the current model), versions/ and history.jsonl live. "
+                                                             "Absent: models/ for the default experiment, models/experiments/<experiment>/ for others.")
+
+
+class TrackingParams(Section):
+    backends: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
+        default_factory=lambda: ["tensorboard"], description="Experiment trackers each pipeline run logs to: per-round metrics (round as "
+                                                             "the step), the params and the lineage ids (rl_assets/eval/trackers.py).")
+    mlflow_tracking_uri: str = Field("", description="MLflow tracking URI; empty: $MLFLOW_TRACKING_URI, else sqlite:///mlflow.db (a local store).")
+    mlflow_experiment: str = Field("", description="MLflow experiment name; empty: rl-assets/<experiment>.")
+    wandb_project: str = Field("rl-assets", min_length=1, description="Weights & Biases project.")
+    wandb_mode: Literal["", "online", "offline"] = Field("", description="W&B mode; empty: $WANDB_MODE, else online.")
+
+
+class Params(Section):
+    experiment: str = Field("default", pattern=r"^[A-Za-z0-9][A-Za-z0-9._-]*$",
+                            description="Which experiment a run belongs to: runs, promotion and rollback are kept apart by it. "
+                                        "Absent: 'default' for ./params.yaml, else the params file's path (examples/gsm8k/params.yaml "
+                                        "-> examples-gsm8k-params).")
+    seed: int = Field(0, ge=0, description="Seed of every random choice in the pipeline.")
+    rounds: int = Field(3, ge=1, le=99, description="R: RL rounds, each rollouts -> rewards -> checkpoint.")
+    owners: list[str] = Field(default_factory=list, description="Owners of every asset in the Dagster UI: emails or 'team:name'.")
+    compute: ComputeParams = Field(default_factory=ComputeParams)
+    model: ModelParams = Field(default_factory=ModelParams)
+    raw_data: RawDataParams
+    prompts: PromptsParams = Field(default_factory=PromptsParams)
+    sft: SFTParams = Field(default_factory=SFTParams)
+    rollouts: RolloutsParams = Field(default_factory=RolloutsParams)
+    rewards: RewardsParams
+    reward_model: RewardModelParams | None = Field(None, description="Train the reward_model asset from preference pairs (off when absent).")
+    train: TrainParams = Field(default_factory=TrainParams)
+    evaluation: EvaluationParams = Field(default_factory=EvaluationParams)
+    guards: GuardsParams = Field(default_factory=GuardsParams)
+    schedule: ScheduleParams = Field(default_factory=ScheduleParams)
+    promotion: PromotionParams = Field(default_factory=PromotionParams)
+    tracking: TrackingParams = Field(default_factory=TrackingParams, description="Experiment trackers (TensorBoard by default).")
+
+    @model_validator(mode="after")
+    def _check_correctness(self):
+        names = [f.score_name for f in self.rewards.functions]
+        if self.evaluation.correctness is not None and self.evaluation.correctness not in names:
+            raise ValueError(f"evaluation.correctness: {self.evaluation.correctness!r} is not one of the reward functions {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_groups(self):
+        if self.rollouts.samples_per_prompt < 2 and self.train.algorithm in GROUP_ALGORITHMS:
+            raise ValueError(f"rollouts.samples_per_prompt: {self.rollouts.samples_per_prompt} gives each prompt a group of one, and "
+                             f"train.algorithm {self.train.algorithm!r} learns by comparing a prompt's completions with each other "
+                             f"({GROUP_ALGORITHMS[self.train.algorithm]}): nothing would be learned. Set samples_per_prompt to 2 or more "
+                             "(4-16 is usual), or use algorithm 'rft', which keeps single completions by their reward")
+        return self
+
+    @model_validator(mode="after")
+    def _check_owners(self):
+        bad = [o for o in self.owners if not (o.startswith("team:") and len(o) > 5) and not re.fullmatch(r"[^@\s]+@[^@\s]+", o)]
+        if bad:
+            raise ValueError(f"owners must be emails or 'team:name', not {bad}")
+        return self
+
+    def section_hash(self, *sections: str) -> str:
+        """Content hash of the named sections, stored in lineage so a result names the params it used."""
+        blob = json.dumps({s: self.model_dump(mode="json")[s] for s in sections}, sort_keys=True)
+        return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
+
+
+def _interpolate(value, path: str, source: str):
+    """Replace ${VAR} and ${VAR:-default} in every string value."""
+    if isinstance(value, dict):
+        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), source) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_interpolate(v, f"{path}[{i}]", source) for i, v in enumerate(value)]
+    if not isinstance(value, str):
+        return value
+
+    def substitute(match: re.Match) -> str:
+        name, default = match.group(1), match.group(2)
+        if os.environ.get(name):
+            return os.environ[name]
+        if default is not None:  # as in the shell, ${VAR:-x} also covers a set but empty VAR
+            return default
+        if name in os.environ:
+            return ""
+        raise ParamsError(f"{source}: {path}: environment variable {name} is not set (use ${{{name}:-default}} for a fallback)")
+
+    replaced = _ENV_PATTERN.sub(substitute, value)
+    if not _ENV_PATTERN.fullmatch(value):
+        return replaced
+    # A value that is only a variable gets a scalar YAML type ("3" -> 3, "true" -> True); text stays text.
+    try:
+        typed = yaml.safe_load(replaced)
+    except yaml.YAMLError:
+        return replaced
+    return typed if isinstance(typed, (int, float, bool)) else replaced
+
+
+def apply_override(raw: dict, override: str, source: str = "--set") -> None:
+    """Apply one `section.key=value` override in place; the value is parsed as YAML."""
+    key_path, sep, text = override.partition("=")
+    if not sep or not key_path:
+        raise ParamsError(f"{source}: {override!r} is not of the form section.key=value")
+    node = raw
+    keys = key_path.split(".")
+    for depth, key in enumerate(keys[:-1]):
+        child = node.get(key)
+        if child is None:
+            child = node[key] = {}
+        if not isinstance(child, dict):
+            raise ParamsError(f"{source}: {'.'.join(keys[: depth + 1])} is not a section, cannot set {key_path}")
+        node = child
+    try:
+        node[keys[-1]] = yaml.safe_load(text)
+    except yaml.YAMLError as error:
+        raise ParamsError(f"{source}: {override!r}: the value is not valid YAML ({error.problem})") from None
+
+
+def _format_error(error: ValidationError, source: str) -> str:
+    lines = []
+    for item in error.errors():
+        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in item["loc"]).replace(".[", "[")
+        message = item["msg"]
+        if item["type"] == "extra_forbidden":
+            message = "unknown key"
+        lines.append(f"{source}: {loc or '<top level>'}: {message}")
+    return "\n".join(lines)
+
+
+def experiment_name(params_file: str | Path) -> str:
+    """The experiment a params file names when it sets no `experiment`: 'default' for the project's params.yaml, else its path.
+
+    The project's params.yaml is ./params.yaml, or a params.yaml outside the working directory (another
+    project's root, named by an absolute path).
+
+    >>> experiment_name("params.yaml"), experiment_name("examples/gsm8k/params.yaml"), experiment_name("my params.yml")
+    ('default', 'examples-gsm8k-params', 'my-params')
+    """
+    path = Path(params_file)
+    try:
+        path = path.resolve().relative_to(Path.cwd().resolve())
+    except ValueError:
+        if path.name == "params.yaml":
+            return "default"
+    if path == Path("params.yaml"):
+        return "default"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", path.with_suffix("").as_posix().replace("/", "-")).strip("-._")
+    return slug or "default"
+
+
+def resolved_raw(raw: dict, source: str = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> dict:
+    """The params mapping a run uses, before validation: ${VAR} interpolated, then `--set` overrides applied."""
+    if not isinstance(raw, dict):
+        raise ParamsError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
+    raw = _interpolate(raw, "", source)
+    for override in overrides:
+        apply_override(raw, override)
+    return raw
+
+
+def parse_params(raw: dict, source: str = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> Params:
+    """Validate a params mapping (after interpolation and overrides) into `Params`.
+
+    The experiment defaults to the one `source` names, and a non-default experiment keeps its promoted
+    models in models/experiments/<experiment> unless `promotion.directory` says otherwise.
+    """
+    raw = resolved_raw(raw, source, overrides)
+    raw.setdefault("experiment", experiment_name(source))
+    promotion = raw.get("promotion")
+    if raw["experiment"] != "default" and (promotion is None or isinstance(promotion, dict)) and "directory" not in (promotion or {}):
+        raw["promotion"] = {**(promotion or {}), "directory": f"models/experiments/{raw['experiment']}"}
+    try:
+        return Params.model_validate(raw)
+    except ValidationError as error:
+        raise ParamsError(_format_error(error, source)) from None
+
+
+# libyaml's loader (PyYAML's C binding) reads the same YAML ~10x faster; every code-location load reads the params file.
+_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
+
+
+def read_params_file(path: str | Path) -> dict:
+    """The params file as written (a mapping), with the file named in every error."""
+    path = Path(path)
+    if not path.is_file():
+        raise ParamsError(f"{path}: file not found")
+    try:
+        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER)
+    except yaml.YAMLError as error:
+        raise ParamsError(f"{path}: not valid YAML: {error}") from None
+    return raw or {}
+
+
+def load_params(path: str | Path = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> Params:
+    """Read, interpolate, override and validate a params file.
+
+    >>> load_params("does-not-exist.yaml")
+    Traceback (most recent call last):
+    ...
+    rl_assets.core.config.ParamsError: does-not-exist.yaml: file not found
+    """
+    return parse_params(read_params_file(path), str(path), overrides)

@@ -1,0 +1,131 @@
+"""Per-token log-probabilities of completions under a policy, and the KL to a reference, in memory-bounded passes.
+
+Rollouts store them (the ratio's denominator), training recomputes them, evaluation and DPO use them:
+one implementation, with the completion positions only (`logits_to_keep`) and TRL's fused head where it pays.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def _right_padded(prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int, device):
+    """(input_ids, attention_mask, labels), right-padded so positions need no correction; labels are -100 but on completions."""
+    lengths = [len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)]
+    input_ids = torch.full((len(lengths), max(lengths)), pad_id, dtype=torch.long)
+    attention = torch.zeros_like(input_ids)
+    labels = torch.full_like(input_ids, -100)
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        input_ids[i, : lengths[i]] = torch.tensor(p + c)
+        attention[i, : lengths[i]] = 1
+        labels[i, len(p) : lengths[i]] = torch.tensor(c, dtype=torch.long)
+    return input_ids.to(device), attention.to(device), labels.to(device)
+
+
+def _completion_positions(values: torch.Tensor, prompt_ids: list[list[int]], completion_ids: list[list[int]]):
+    """The completion positions of per-position `values` (N, width - 1, ...), left-aligned: ((N, T, ...), mask (N, T))."""
+    span = max(1, max(len(c) for c in completion_ids))
+    out = values.new_zeros((len(prompt_ids), span, *values.shape[2:]))
+    mask = values.new_zeros((len(prompt_ids), span))
+    for i, (p, c) in enumerate(zip(prompt_ids, completion_ids)):
+        if c:
+            out[i, : len(c)] = values[i, len(p) - 1 : len(p) - 1 + len(c)]
+            mask[i, : len(c)] = 1
+    return out, mask
+
+
+def _innermost(model):
+    """The transformers model under DDP/FSDP/Accelerate wrappers and PEFT, whose forward TRL's fused head replaces."""
+    while hasattr(model, "module"):
+        model = model.module
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def use_fused_head(model, temperature: float) -> None:
+    """Give the model TRL's fused LM head at `temperature` (once): log-probs and entropy without (N, T, V) logits.
+
+    `add_fused_lm_head` replaces the instance's forward; calls without `fused_lm_head=True`
+    (generate) run the original one. A new temperature re-patches from the class's forward.
+    """
+    from trl.trainer.utils import add_fused_lm_head
+
+    target = _innermost(model)
+    patched = getattr(target, "_rl_assets_fused", None)  # (temperature, the forward it installed)
+    # Accelerate's autocast wrapper, undone after a mixed-precision round, puts back a forward without the head.
+    if patched is not None and patched[0] == temperature and target.__dict__.get("forward") is patched[1]:
+        return
+    target.__dict__.pop("forward", None)
+    add_fused_lm_head(target, temperature=temperature, outputs=("log_probs", "entropy"))
+    target._rl_assets_fused = (temperature, target.__dict__["forward"])
+
+
+PLAIN_LOGITS_MAX = 2**25  # logits (rows x kept positions x vocabulary) up to which a CPU pass computes them plainly (128 MB fp32)
+
+
+def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
+                        temperature: float = 1.0, with_entropy: bool = False):
+    """Per-token log-probs of each completion given its prompt, at `temperature`.
+
+    On GPUs, and wherever the logits would pass PLAIN_LOGITS_MAX values, TRL's fused LM head projects
+    the hidden states through the head in tiles, so memory grows with the completion tokens of this
+    call, never with tokens x vocabulary. On CPU TRL's head scores every position, prompt included:
+    a small pass (the usual micro-batch) asks the model for the logits of the completion positions only
+    (`logits_to_keep`): on SmolLM2-135M the fused pass ran at 0.55-0.63x of that (bench/real_model.py). Both are exact; a pass that
+    switches between them moves a log-prob by float rounding (~1e-6). Call it through a wrapped model
+    (DDP, FSDP) so gradients synchronise; run it under the step's autocast.
+    Returns (logprobs, mask), both (N, T) with T the longest completion; padding has mask 0. With
+    `with_entropy`, a third (N, T) tensor holds the policy's (detached) entropy at each position.
+    """
+    device = next(model.parameters()).device
+    input_ids, attention, labels = _right_padded(prompt_ids, completion_ids, pad_id, device)
+    width = input_ids.shape[1]
+    keep = width - min(map(len, prompt_ids)) + 1  # the positions from the shortest prompt's last token on predict completions
+    vocab = _innermost(model).config.get_text_config().vocab_size  # under DDP or FSDP: the wrapped model's
+    if device.type == "cuda" or len(prompt_ids) * keep * vocab > PLAIN_LOGITS_MAX:
+        use_fused_head(model, temperature)
+        out = model(input_ids=input_ids, attention_mask=attention, labels=labels, fused_lm_head=True)
+        token_logprobs, token_entropy = out.log_probs.float(), out.entropy
+    else:  # few enough logits: only those of the completion positions, no head on the prompt (TRL's CPU head scores them all)
+        logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits[:, :-1].float() / temperature
+        logp = torch.log_softmax(logits, dim=-1)  # (N, keep - 1, V): columns width - keep .. width - 2, each predicting the next
+        targets = labels[:, width - keep + 1 :].clamp(min=0)
+        token_logprobs = logits.new_zeros((len(prompt_ids), width - 1))  # the fused head's layout: column j predicts token j + 1
+        token_logprobs[:, width - keep :] = logp.gather(-1, targets[..., None])[..., 0]
+        token_entropy = logits.new_zeros((len(prompt_ids), width - 1))
+        token_entropy[:, width - keep :] = -(logp.exp() * logp).sum(-1).detach() if with_entropy else 0.0
+    logprobs, mask = _completion_positions(token_logprobs, prompt_ids, completion_ids)  # (N, width - 1) -> (N, T)
+    if not with_entropy:
+        return logprobs, mask
+    entropy, _ = _completion_positions(token_entropy.detach().float(), prompt_ids, completion_ids)
+    return logprobs, mask, entropy
+
+
+def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
+                  temperature: float = 1.0, max_logits: int = 2**25, masks: list[list[int]] | None = None) -> tuple[float, float]:
+    """Exact KL(model || ref_model) summed over the vocabulary at every completion position: (sum over tokens, tokens).
+
+    Rows with the same prompt length share their completion columns once right-padded, so each
+    forward keeps only those logits (`logits_to_keep`), in chunks of at most `max_logits` values
+    per model: memory is bounded whatever the batch, the vocabulary or the completion length.
+    """
+    by_prompt_length: dict[int, list[int]] = {}
+    for row, p in enumerate(prompt_ids):
+        if completion_ids[row]:
+            by_prompt_length.setdefault(len(p), []).append(row)
+    device = next(model.parameters()).device
+    total = tokens = 0.0
+    with torch.no_grad():
+        for rows in by_prompt_length.values():
+            span = max(len(completion_ids[r]) for r in rows)
+            per_chunk = max(1, max_logits // (span * model.config.get_text_config().vocab_size))
+            for start in range(0, len(rows), per_chunk):
+                chunk = rows[start : start + per_chunk]
+                input_ids, attention, _ = _right_padded([prompt_ids[r] for r in chunk], [completion_ids[r] for r in chunk], pad_id, device)
+                logp = [torch.log_softmax(m(input_ids=input_ids, attention_mask=attention, logits_to_keep=span + 1).logits[:, :-1].float()
+                                          / temperature, dim=-1) for m in (model, ref_model)]
+                per_position = (logp[0].exp() * (logp[0] - logp[1])).sum(dim=-1)  # (n, span)
+                mask = torch.tensor([(masks[r] if masks is not None else [1.0] * len(completion_ids[r])) + [0.0] * (span - len(completion_ids[r]))
+                                     for r in chunk], device=device, dtype=torch.float32)  # `masks`: the policy's own tokens only
+                total += (per_position * mask).sum().item()
+                tokens += mask.sum().item()
+    return total, tokens

@@ -1,0 +1,123 @@
+"""Where each asset lives: <data>/<asset key>, a `.parquet` file for tables, a folder for models (checkpoints, reward_model).
+
+`<data>` is the experiment's data folder (`data_dir`): data/ for the default experiment (the project's params.yaml,
+the one DVC tracks), data/experiments/<experiment>/ for any other, so one experiment's run never overwrites another's.
+The asset key, the data path and the DVC stage name are the same words (`r01/rollouts`,
+`data/r01/rollouts.parquet`, stage `r01-rollouts`), so one name finds a stage everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from rl_assets.core.stage_table import STAGE_TABLE
+
+DATA = Path("data")
+
+
+def round_prefix(round_number: int) -> str:
+    return f"r{round_number:02d}"
+
+
+def checkpoint_key(round_number: int) -> str:
+    return f"{round_prefix(round_number)}/checkpoint"
+
+
+def data_dir(experiment: str, root: Path = Path(".")) -> Path:
+    """The folder that holds an experiment's outputs and run state.
+
+    >>> data_dir("default"), data_dir("examples-gsm8k-params", Path("/p"))
+    (PosixPath('data'), PosixPath('/p/data/experiments/examples-gsm8k-params'))
+    """
+    return root / DATA if experiment == "default" else root / DATA / "experiments" / experiment
+
+
+def data_dir_of(checkpoint: Path) -> Path | None:
+    """The data folder a round's checkpoint lies in, None for any other folder (e.g. a promoted model).
+
+    >>> data_dir_of(Path("data/experiments/x/r02/checkpoint")), data_dir_of(Path("models/promoted"))
+    (PosixPath('data/experiments/x'), None)
+    """
+    return checkpoint.parent.parent if re.fullmatch(r"r\d\d", checkpoint.parent.name) else None
+
+
+def output_path(key: str, data: Path) -> Path:
+    """The file or folder an asset key writes in the data folder `data` (`data_dir`).
+
+    >>> output_path("r01/rollouts", DATA), output_path("r01/checkpoint", Path("data/experiments/x"))
+    (PosixPath('data/r01/rollouts.parquet'), PosixPath('data/experiments/x/r01/checkpoint'))
+    """
+    if key.endswith("checkpoint") or key == "reward_model":  # model folders
+        return data / key
+    return data / f"{key}.parquet"
+
+
+def asset_key_path(key: str, experiment: str) -> list[str]:
+    """The Dagster asset key (as its path) of output `key` in `experiment`: the output key for the default experiment,
+    under experiments/<experiment>/ for others, so each experiment has its own materializations, staleness and checks.
+
+    >>> asset_key_path("r01/rollouts", "default"), asset_key_path("r01/rollouts", "x")
+    (['r01', 'rollouts'], ['experiments', 'x', 'r01', 'rollouts'])
+    """
+    return [*([] if experiment == "default" else ["experiments", experiment]), *key.split("/")]
+
+
+def output_key(asset_key_path: list[str] | tuple[str, ...]) -> str:
+    """The output key of a Dagster asset key path, whatever its experiment.
+
+    >>> output_key(["experiments", "x", "r01", "rollouts"]), output_key(["evaluation"])
+    ('r01/rollouts', 'evaluation')
+    """
+    parts = list(asset_key_path)
+    return "/".join(parts[2:] if parts[:1] == ["experiments"] and len(parts) > 2 else parts)
+
+
+def dvc_stage_name(key: str) -> str:
+    """DVC stage names may not contain '/', so 'r01/rollouts' becomes 'r01-rollouts'."""
+    return key.replace("/", "-")
+
+
+# Inside the data folder: the evaluation's metrics and plot (DVC metrics and plots for the default experiment).
+EVALUATION_METRICS = "evaluation.json"
+EVALUATION_PLOT = "evaluation.png"
+
+
+def train_state_dir(round_number: int, data: Path) -> Path:
+    """Intermediate training states of a round (not an asset output: DVC and Dagster never see it)."""
+    return data / round_prefix(round_number) / "train_state"
+
+
+# Which compute stage writes each output (rl_assets.run.stages), and in what order a run writes them.
+# Which compute stage writes which output (rl_assets.core.stage_table), in the table's flow order.
+OUTSIDE_ROUNDS = {key: name for name, stage in STAGE_TABLE.items() if stage.compute for key in stage.outputs if not key.startswith("rNN/")}
+ROUND_OUTPUTS = {key.removeprefix("rNN/"): name for name, stage in STAGE_TABLE.items() for key in stage.outputs if key.startswith("rNN/")}
+
+
+def stage_of(key: str) -> tuple[str, int | None]:
+    """(stage, round) that writes output `key`.
+
+    >>> stage_of("r03/checkpoint"), stage_of("r00/checkpoint"), stage_of("evaluation")
+    (('train', 3), ('sft', None), ('evaluation', None))
+    """
+    if key in OUTSIDE_ROUNDS:
+        return OUTSIDE_ROUNDS[key], None
+    found = re.fullmatch(r"r(\d{2})/(rollouts|rewards|checkpoint)", key)
+    if not found or found.group(1) == "00":
+        raise ValueError(f"no compute stage writes {key!r}; outputs: {sorted(OUTSIDE_ROUNDS)} and rNN/{{{','.join(ROUND_OUTPUTS)}}}")
+    return ROUND_OUTPUTS[found.group(2)], int(found.group(1))
+
+
+def flow_order(keys: list[str]) -> list[str]:
+    """`keys` in the order the flow writes them: r00, then each round's rollouts, rewards, checkpoint, then the rest.
+
+    >>> flow_order(["r02/rollouts", "evaluation", "r01/checkpoint", "r01/rewards"])
+    ['r01/rewards', 'r01/checkpoint', 'r02/rollouts', 'evaluation']
+    """
+    def position(key: str) -> tuple:
+        stage, n = stage_of(key)
+        if n is None:
+            return ({"sft": 0, "reward_model": 0}.get(stage, 10**6), 0, list(OUTSIDE_ROUNDS).index(key))
+        return (n, 1 + list(ROUND_OUTPUTS.values()).index(stage), 0)
+
+    return sorted(dict.fromkeys(keys), key=position)

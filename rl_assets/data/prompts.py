@@ -1,0 +1,118 @@
+"""prompts: dedupe raw problems, split them by a stable hash, drop over-long prompts.
+
+Three splits: `eval` (held out), `sft` (reference answers for the warm start) and `rl` (prompts the
+rounds sample from). RL on prompts the warm start has not memorised is what makes its gains carry
+over to held-out prompts.
+
+The text the policy sees is `prompts.template` with the problem filled in, then, with
+`prompts.chat_template`, wrapped as one user turn by the tokenizer's chat template (with the
+generation prompt). `prompt_id` hashes the problem and answer only: neither the templates nor the
+`extra` reward inputs, so two rows with the same problem and answer are one prompt (the first kept).
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import pyarrow as pa
+
+from rl_assets.core.config import PromptsParams
+from rl_assets.core.schemas import PROMPTS
+
+
+def prompt_id(problem: str, answer: str) -> str:
+    """Stable content hash of a problem and its reference answer.
+
+    >>> prompt_id("2+2=", "4") == prompt_id("2+2=", "4") != prompt_id("2+2=", "5")
+    True
+    """
+    return hashlib.sha256(f"{problem}\0{answer}".encode()).hexdigest()[:16]
+
+
+def split_of(pid: str, eval_fraction: float, sft_fraction: float) -> str:
+    """'eval', 'sft' or 'rl', decided by the id alone so adding data never moves a row.
+
+    >>> split_of(prompt_id("2+2=", "4"), 0.5, 0.5) in {"eval", "sft", "rl"}
+    True
+    """
+    bucket = int(hashlib.sha256(f"split:{pid}".encode()).hexdigest()[:8], 16) / 0xFFFFFFFF
+    if bucket < eval_fraction:
+        return "eval"
+    return "sft" if bucket < eval_fraction + sft_fraction * (1 - eval_fraction) else "rl"
+
+
+class ChatTemplateError(ValueError):
+    """prompts.chat_template is on but the policy tokenizer has no chat template."""
+
+
+def render(problem: str, params: PromptsParams, tokenizer) -> str:
+    """The prompt text for one problem: the template, then the chat template when asked for."""
+    text = params.template.replace("{prompt}", problem)
+    if params.chat_template is False:
+        return text
+    custom = params.chat_template if isinstance(params.chat_template, str) else None
+    if custom is None and not getattr(tokenizer, "chat_template", None):
+        raise ChatTemplateError(f"prompts.chat_template: the policy tokenizer ({type(tokenizer).__name__}) has no chat template; "
+                                "set chat_template to a Jinja template string, or to false")
+    return tokenizer.apply_chat_template([{"role": "user", "content": text}], chat_template=custom, tokenize=False, add_generation_prompt=True)
+
+
+def encode_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of each prompt, special tokens added once.
+
+    A chat template that starts with the BOS text (Llama 3's `<|begin_of_text|>`) would otherwise get
+    a second BOS from the tokenizer's own post-processor.
+    """
+    bos = tokenizer.bos_token_id
+    encoded = tokenizer(texts, add_special_tokens=True)["input_ids"] if texts else []
+    return [ids[1:] if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos else ids for ids in encoded]
+
+
+def _answer_policy(records: list[dict], policy: str) -> dict[str, str | None]:
+    """{problem: the answer kept (None: none)} for every problem that appears with more than one answer.
+
+    >>> rows = [{"prompt": "3+4=", "answer": a, "source": "f.jsonl", "source_row": i} for i, a in enumerate(["7", "6", "7"])]
+    >>> _answer_policy(rows, "first"), _answer_policy(rows, "drop")
+    ({'3+4=': '7'}, {'3+4=': None})
+    """
+    answers: dict[str, dict[str, list[str]]] = {}
+    for record in records:
+        where = f"{record.get('source')}:{record.get('source_row')}"
+        answers.setdefault(record["prompt"], {}).setdefault(record["answer"], []).append(where)
+    conflicting = {problem: found for problem, found in answers.items() if len(found) > 1}
+    if conflicting and policy == "error":
+        shown = [f"{problem!r}: " + ", ".join(f"{answer!r} ({', '.join(rows[:3])}{', ...' if len(rows) > 3 else ''})"
+                                             for answer, rows in found.items())
+                 for problem, found in list(conflicting.items())[:5]]
+        raise ValueError(f"{len(conflicting)} problems appear with different answers (source:row):\n  " + "\n  ".join(shown)
+                         + "\nFix the data, or set prompts.conflicting_answers to drop (leave them out) or first (keep the first answer)")
+    return {problem: next(iter(found)) if policy == "first" else None for problem, found in conflicting.items()}
+
+
+def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.Table, dict]:
+    """The `PROMPTS` table and counts of what was dropped (duplicates, conflicting answers, over-long prompts)."""
+    seen, rows = set(), []
+    dropped = {"duplicates": 0, "too_long": 0, "conflicting": 0}
+    records = raw.to_pylist()
+    keep = _answer_policy(records, params.conflicting_answers)
+    for record in records:
+        if record["prompt"] in keep and keep[record["prompt"]] != record["answer"]:
+            dropped["conflicting"] += 1
+            continue
+        pid = prompt_id(record["prompt"], record["answer"])
+        if pid in seen:
+            dropped["duplicates"] += 1
+            continue
+        seen.add(pid)
+        rows.append({"prompt_id": pid, "prompt": render(record["prompt"], params, tokenizer), "problem": record["prompt"], "answer": record["answer"],
+                     "split": split_of(pid, params.eval_fraction, params.sft_fraction),
+                     **{k: record[k] for k in ("source", "source_hash", "source_row", "extra")}})
+    lengths = [len(ids) for ids in encode_prompts(tokenizer, [r["prompt"] for r in rows])]  # what generation will feed
+    kept = []
+    for row, length in zip(rows, lengths):
+        if length > params.max_prompt_tokens:
+            dropped["too_long"] += 1
+            continue
+        kept.append({**row, "n_tokens": length})
+    table = pa.Table.from_pylist(kept, schema=PROMPTS)
+    return table, dropped

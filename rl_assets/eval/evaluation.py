@@ -1,0 +1,175 @@
+"""evaluation: how well a checkpoint does the task on the held-out prompts, greedy and sampled.
+
+Completions are scored with the configured reward functions, the same ones the rounds train on.
+Accuracy is the share of completions that the correctness function (`evaluation.correctness`,
+default the first reward function) scores 1; the mean total reward and pass@k (k = the samples per
+prompt: the share of prompts with at least one correct completion) are reported beside it, and
+promotion ranks on the sampled accuracy. Every checkpoint sees the same prompts with the same seed,
+so a gain is reported with its paired standard error (`paired_difference`).
+
+Each checkpoint is evaluated once per evaluation: the result is kept under
+data/evaluations/<checkpoint id>-<evaluation key>.json, written by the step that made the
+checkpoint (so its held-out accuracy is on its own materialization, round by round), and the
+`evaluation` asset assembles those results, evaluating only what is not there yet.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pyarrow as pa
+
+from rl_assets.core.config import EvaluationParams, RewardsParams, RolloutsParams
+from rl_assets.rewards import score_rollouts
+from rl_assets.rollout.generation import generate
+
+
+def eval_prompts(prompts: pa.Table, params: EvaluationParams) -> pa.Table:
+    held_out = prompts.filter(pa.compute.equal(prompts["split"], "eval"))
+    if held_out.num_rows == 0:
+        raise ValueError("prompts table has no eval split rows; raise prompts.eval_fraction or add data")
+    return held_out.slice(0, params.max_prompts)
+
+
+def correctness_function(params: EvaluationParams, rewards: RewardsParams) -> str:
+    """The score column (without `score_`) whose 1.0 means correct."""
+    return params.correctness or rewards.functions[0].score_name
+
+
+def score_completions(held_out: pa.Table, completions, samples: int, rewards: RewardsParams) -> pa.Table:
+    """The rewards table of evaluation completions (or episodes), scored like rollouts (same functions, options and reward inputs)."""
+    repeat = lambda column: [v for v in held_out[column].to_pylist() for _ in range(samples)]  # noqa: E731
+    n = len(completions.texts)
+    columns = {"round": [0] * n, "prompt_id": repeat("prompt_id"), "sample_idx": [i % samples for i in range(n)],
+               "policy_id": [""] * n, "prompt": repeat("prompt"), "answer": repeat("answer"), "extra": repeat("extra"),
+               "completion": completions.texts, "completion_ids": completions.completion_ids, "truncated": completions.truncated}
+    if hasattr(completions, "num_turns"):  # episodes: what the environment reported goes to the rewards too
+        columns.update(num_turns=completions.num_turns, environment_rewards=completions.environment_rewards, tool_calls=completions.tool_calls,
+                       turns=completions.turns)
+    return score_rollouts(pa.table(columns), rewards, rollouts_hash="evaluation")
+
+
+def pass_at_k(correct: list[bool], samples: int) -> float:
+    """Share of prompts (consecutive groups of `samples`) with at least one correct completion.
+
+    >>> pass_at_k([False, True, False, False], 2)
+    0.5
+    """
+    groups = [correct[i : i + samples] for i in range(0, len(correct), samples)]
+    return sum(any(g) for g in groups) / len(groups)
+
+
+def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: EvaluationParams, seed: int, rewards: RewardsParams,
+                        autocast=None, rollouts: RolloutsParams | None = None) -> list[dict]:
+    """Two rows, greedy and sampled: accuracy, mean total reward and pass@k of the checkpoint's completions.
+
+    With tools or an environment (`rollouts.episodes`) each completion is an episode in that environment, with the
+    rollouts' turn and token limits, and the rows add the share of episodes that called a tool.
+    """
+    prompts, answers = held_out["prompt"].to_pylist(), held_out["answer"].to_pylist()
+    correctness = correctness_function(params, rewards)
+    rows = []
+    modes = ([("greedy", 1)] if params.greedy else []) + [("sampled", params.samples_per_prompt)]
+    for mode, samples in modes:
+        if rollouts is not None and rollouts.episodes is not None:
+            out = _episodes(model, tokenizer, held_out, samples, rollouts, greedy=mode == "greedy", temperature=params.temperature,
+                            max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast)
+        else:
+            out = generate(model, tokenizer, prompts, samples, greedy=mode == "greedy", temperature=params.temperature,
+                           max_new_tokens=params.max_new_tokens, batch_size=params.batch_size, seed=seed, autocast=autocast)
+        scored = score_completions(held_out, out, samples, rewards)
+        correct = [score == 1.0 for score in scored[f"score_{correctness}"].to_pylist()]
+        rows.append({
+            "mode": mode,
+            "accuracy": sum(correct) / len(correct),
+            "reward_mean": sum(scored["reward"].to_pylist()) / scored.num_rows,
+            "pass_at_k": pass_at_k(correct, samples),
+            "correct_per_prompt": [sum(correct[i : i + samples]) for i in range(0, len(correct), samples)],
+            "correctness": correctness,
+            "n_prompts": len(prompts),
+            "n_samples": samples,
+            "mean_completion_tokens": sum(map(len, out.completion_ids)) / len(out.completion_ids),
+            "temperature": 0.0 if mode == "greedy" else params.temperature,
+            "seed": seed,
+            "tool_call_rate": sum(bool(calls) for calls in out.tool_calls) / len(out.tool_calls) if hasattr(out, "tool_calls") else None,
+            "examples": list(zip(prompts[:5], out.texts[: 5 * samples : samples], answers[:5])),
+        })
+    return rows
+
+
+def paired_difference(first: list[int], later: list[int], samples: int) -> tuple[float, float]:
+    """Accuracy of `later` minus that of `first` on the same prompts, and its standard error: (mean, se).
+
+    Both list each prompt's correct completions out of `samples` (`correct_per_prompt`). Each checkpoint is
+    evaluated on the same prompts with the same seed, so the per-prompt differences cancel what the prompts
+    share (an easy prompt is easy for both): the paired standard error is smaller than the two unpaired ones
+    combined, and a held-out set of a given size detects a smaller gain.
+
+    >>> paired_difference([0, 1, 1, 0], [1, 1, 2, 0], 2)
+    (0.25, 0.14433756729740643)
+    """
+    if len(first) != len(later) or not first:
+        raise ValueError(f"paired difference needs the same prompts: {len(first)} against {len(later)}")
+    differences = [(b - a) / samples for a, b in zip(first, later)]
+    mean = sum(differences) / len(differences)
+    variance = sum((d - mean) ** 2 for d in differences) / max(1, len(differences) - 1)
+    return mean, (variance / len(differences)) ** 0.5
+
+
+def _episodes(model, tokenizer, held_out: pa.Table, samples: int, rollouts: RolloutsParams, **sampling):
+    from rl_assets.rollout.environments import load_environment
+    from rl_assets.rollout.episodes import sample_episodes
+    from rl_assets.rollout.generation import eos_token_ids
+
+    name, options = rollouts.episodes
+    return sample_episodes(model, tokenizer, held_out.to_pylist(), samples, load_environment(name, options), name, top_p=1.0,
+                           max_turns=rollouts.max_turns, max_tokens=rollouts.max_episode_tokens, batch_size=rollouts.batch_size,
+                           eos_ids=eos_token_ids(model, tokenizer), **sampling)
+
+
+EVALUATIONS = "evaluations"  # inside the data folder: each checkpoint's evaluation rows, by evaluation key
+
+
+def evaluation_key(params, data: Path, precision: str = "no") -> str:
+    """Names one evaluation: held-out prompts file, evaluation and rewards params, seed, precision; equal keys compare fairly."""
+    from rl_assets.core.paths import output_path
+    from rl_assets.core.storage import file_hash
+
+    episodes = params.rollouts.episodes  # an evaluation in an environment is another evaluation
+    limits = [episodes, params.rollouts.max_turns, params.rollouts.max_episode_tokens] if episodes else []
+    blob = json.dumps([file_hash(output_path("prompts", data)), params.evaluation.model_dump(mode="json"),
+                       params.rewards.model_dump(mode="json"), params.seed] + ([precision] if precision != "no" else []) + limits, sort_keys=True)
+    return hashlib.sha256(blob.encode()).hexdigest()[:16]
+
+
+def evaluated(checkpoint: Path, params, data: Path, device: str, precision: str = "no", load=None) -> tuple[list[dict], bool]:
+    """The checkpoint's evaluation rows, from <data>/evaluations when this evaluation of it was done before; (rows, reused).
+
+    `load() -> (model, tokenizer)` gives the checkpoint's model when it is already in memory (rl_assets.run.loaded).
+    """
+    from rl_assets.core.checkpoints import checkpoint_id
+    from rl_assets.core.policy import load_policy
+    from rl_assets.core.paths import output_path
+    from rl_assets.core.precision import compute_autocast, weights_dtype
+    from rl_assets.core.schemas import read_table
+    from rl_assets.core.storage import atomic_path
+
+    key = evaluation_key(params, data, precision)
+    cached = data / EVALUATIONS / f"{checkpoint_id(checkpoint)}-{key}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text()), True
+    held_out = eval_prompts(read_table(output_path("prompts", data), "prompts"), params.evaluation)
+    model, tokenizer = load() if load is not None else load_policy(checkpoint, device, dtype=weights_dtype(precision))
+    rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
+                               autocast=compute_autocast(precision, device), rollouts=params.rollouts)
+    text = json.dumps(rows, default=list)
+    with atomic_path(cached) as tmp:
+        tmp.write_text(text + "\n")
+    return json.loads(text), False  # the same plain lists a later step reads back
+
+
+def heldout_metadata(rows: list[dict]) -> dict:
+    """What a checkpoint's own materialization shows about its evaluation."""
+    return {f"heldout_{row['mode']}_{metric}": row[metric] for row in rows for metric in ("accuracy", "pass_at_k", "reward_mean")}

@@ -1,0 +1,62 @@
+"""What a compute process keeps loaded between the steps it runs: the policy and the KL reference.
+
+A step asks for a checkpoint by path. It gets the model already in memory when that memory holds
+exactly that checkpoint (same id, dtype and device), else a fresh load. A process that runs one
+step starts empty and loads everything; the resident process (`rl_assets.run.resident`) runs a run's
+rounds with one `Loaded`, so round N+1 samples with the model round N has just trained and saved,
+and the reference stays put while training uses it (train.beta > 0). The carried AdamW moments (twice
+the weights) are not kept: each round reads them from <data>/run_state, so sampling never holds them.
+Both must give the same outputs (tested: bit-identical checkpoint ids), so only what equals a fresh load is kept: a full-weights policy after a round of
+the policy-gradient family, saved in the dtype it is kept in. LoRA adapters (saving merges them)
+and models from TRL's DPO/RFT trainers are loaded again from disk.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from pathlib import Path
+
+import torch
+
+from rl_assets.core.checkpoints import checkpoint_id
+from rl_assets.core.policy import load_policy
+
+
+class Loaded:
+    def __init__(self) -> None:
+        self._policy: tuple | None = None  # (checkpoint id, dtype, device, model, tokenizer)
+        self._reference: tuple | None = None  # (checkpoint id, device, model)
+        self.engine = None  # the colocated vLLM engine (rollouts_vllm.VllmEngine), created by the first vLLM rollouts
+        self.loads: Counter = Counter()  # what came from disk, e.g. {"policy": 1, "reference": 1}
+
+    def policy(self, path: str | Path, device: str, dtype: torch.dtype):
+        """(model, tokenizer) of checkpoint `path`, in eval mode: the one in memory when it is that checkpoint."""
+        wanted = checkpoint_id(path)
+        if self._policy is not None and self._policy[:3] == (wanted, dtype, device):
+            return self._policy[3], self._policy[4]
+        self._policy = None  # free it before loading the next
+        model, tokenizer = load_policy(path, device, dtype)
+        self.loads["policy"] += 1
+        self._policy = (wanted, dtype, device, model, tokenizer)
+        return model, tokenizer
+
+    def take_policy(self, path: str | Path, device: str, dtype: torch.dtype):
+        """The policy to train in place; out of memory until `keep_policy` puts the trained one back, so a failed round leaves nothing stale."""
+        model, tokenizer = self.policy(path, device, dtype)
+        self._policy = None
+        return model, tokenizer
+
+    def keep_policy(self, model, tokenizer, saved_id: str, device: str, dtype: torch.dtype) -> None:
+        """Keep the model just saved as checkpoint `saved_id` (its weights equal that folder's)."""
+        self._policy = (saved_id, dtype, device, model.to(device), tokenizer)
+
+    def reference(self, path: str | Path, device: str):
+        """The KL reference (r00) in fp32, loaded once."""
+        wanted = checkpoint_id(path)
+        if self._reference is None or self._reference[:2] != (wanted, device):
+            self._reference = (wanted, device, load_policy(path, device)[0])
+            self.loads["reference"] += 1
+        return self._reference[2]
+
+    def drop_reference(self) -> None:
+        self._reference = None

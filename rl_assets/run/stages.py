@@ -1,0 +1,322 @@
+"""The compute stages: each reads its inputs from the experiment's data folder (paths.data_dir), writes its output atomically and returns the metadata a user looks at.
+
+`run_stage` runs one; `rl_assets.run.resident` runs several in one process with the same `Loaded`
+models; `rl_assets.run.step` is the command line. Every stage seeds torch from params before it
+starts, so what it computes depends on its inputs, never on what the process ran before.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import torch
+import torch.distributed as dist
+
+from rl_assets.core.checkpoints import checkpoint_id, read_lineage, save_checkpoint
+from rl_assets.core.config import Params
+from rl_assets.core.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, data_dir, output_path, round_prefix, train_state_dir
+from rl_assets.core.precision import compute_autocast, resolve_mixed_precision, weights_dtype
+from rl_assets.eval.reports import accuracy_plot, episodes_markdown, gain_text, markdown_table
+from rl_assets.core.schemas import EVALUATION, ROLLOUTS, read_table, table_lineage, write_table
+from rl_assets.core.stage_table import COMPUTE_STAGES, ROUND_STAGES, stage_lineage
+from rl_assets.core.storage import file_hash
+
+if TYPE_CHECKING:  # loaded.py is declared code of every compute stage (rl_assets.core.stage_table)
+    from rl_assets.run.loaded import Loaded
+
+
+
+def run_sft(params: Params, root: Path, device: str) -> dict:
+    """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
+    data = data_dir(params.experiment, root)
+    from rl_assets.core.policy import load_base_model, load_policy
+    from rl_assets.eval.promotion import warm_start_path
+    from rl_assets.train.sft import warm_start
+
+    prompts_path = output_path("prompts", data)
+    prompts = read_table(prompts_path, "prompts")
+    promoted = warm_start_path(params.promotion, root)
+    if promoted is not None:  # the promoted model already went through SFT and RL: continue from it as is
+        model, tokenizer = load_policy(promoted)
+        metrics, parent, trained_on, algorithm = {}, checkpoint_id(promoted), {}, "promoted"
+    else:
+        model, tokenizer = load_base_model(params.model, params.seed)
+        metrics = (warm_start(model, tokenizer, prompts, params.sft, params.seed, use_cpu=device == "cpu", episodes=params.rollouts.episodes)
+                   if params.sft.enabled else {})
+        parent, trained_on = params.model.name_or_path, {"prompts": file_hash(prompts_path)} if params.sft.enabled else {}
+        algorithm = "sft" if params.sft.enabled else "none"
+    from rl_assets.core.import_model import base_model_id
+
+    lineage = {"round": 0, "parent": parent, "base_model_id": base_model_id(params.model.name_or_path), "trained_on": trained_on,
+               "algorithm": algorithm,
+               "params_hash": params.section_hash("seed", "model", "sft"), **stage_lineage("sft", params),
+               "metrics": metrics, "num_parameters": sum(p.numel() for p in model.parameters())}
+    path = output_path(checkpoint_key(0), data)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    save_checkpoint(model, tokenizer, path, lineage)
+    return {"parameters": lineage["num_parameters"], **{k: v for k, v in metrics.items() if v is not None}}
+
+
+def precision(params: Params, device: str) -> str:
+    """The one precision mode of every policy forward pass: the trainer's (see precision.py)."""
+    return resolve_mixed_precision(params.train.mixed_precision, device)
+
+
+def run_rollouts(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
+    """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint."""
+    data = data_dir(params.experiment, root)
+    from rl_assets.rollout.sampling import sample_rollouts
+
+    policy_path = output_path(checkpoint_key(round_number - 1), data)
+    prompts_path = output_path("prompts", data)
+    mode = precision(params, device)
+    model, tokenizer = loaded.policy(policy_path, device, weights_dtype(mode))
+    started = time.perf_counter()
+    table = sample_rollouts(model, tokenizer, read_table(prompts_path, "prompts"), params.rollouts, round_number=round_number,
+                            seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
+                            model_path=str(policy_path), autocast=compute_autocast(mode, device), loaded=loaded)
+    elapsed = time.perf_counter() - started
+    write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", data), ROLLOUTS, "rollouts",
+                lineage=stage_lineage("rollouts", params))
+    lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
+    samples = [[p, c, a] for p, c, a in zip(table["prompt"].to_pylist()[:8], table["completion"].to_pylist()[:8], table["answer"].to_pylist()[:8])]
+    metadata = {"rows": table.num_rows, "prompts": table.num_rows // params.rollouts.samples_per_prompt,
+                "mean_completion_tokens": sum(lengths) / len(lengths), "truncated_share": sum(table["truncated"].to_pylist()) / table.num_rows,
+                "completion_tokens_per_second": sum(lengths) / elapsed if elapsed else 0.0,  # sampling plus the log-prob pass
+                "samples": {"type": "md", "raw_value": markdown_table(["prompt", "completion", "answer"], samples)}}
+    if params.rollouts.episodes is not None:
+        calls = table["tool_calls"].to_pylist()
+        made = [call for episode in calls for call in episode]
+        metadata.update(mean_turns=sum(table["num_turns"].to_pylist()) / table.num_rows, tool_call_rate=sum(map(bool, calls)) / table.num_rows,
+                        tool_calls=len(made), tool_error_share=sum(c["error"] is not None for c in made) / len(made) if made else 0.0,
+                        policy_token_share=sum(map(sum, table["completion_mask"].to_pylist())) / max(sum(lengths), 1),
+                        episodes={"type": "md", "raw_value": episodes_markdown(table.to_pylist())})
+    return metadata
+
+
+def run_rewards(params: Params, round_number: int, root: Path) -> dict:
+    """rNN/rewards: every rollout of the round scored by the configured reward functions (rescoring never resamples)."""
+    data = data_dir(params.experiment, root)
+    from rl_assets.rewards import score_rollouts, summarize_rewards
+
+    source = output_path(f"{round_prefix(round_number)}/rollouts", data)
+    table = score_rollouts(read_table(source, "rollouts"), params.rewards, file_hash(source))
+    path = write_table(table, output_path(f"{round_prefix(round_number)}/rewards", data), table.schema, "rewards",  # keeps each score's weight
+                       lineage=stage_lineage("rewards", params))
+    return {"path": str(path), **summarize_rewards(table, params.rollouts.samples_per_prompt)}
+
+
+def run_train(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
+    """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
+    data = data_dir(params.experiment, root)
+    from rl_assets.core.policy import load_trainable_policy
+    from rl_assets.train.train_state import fingerprint, save_carried_optimizer
+
+    prefix = round_prefix(round_number)
+    parent, base = output_path(checkpoint_key(round_number - 1), data), output_path(checkpoint_key(0), data)
+    rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", data), output_path(f"{prefix}/rewards", data)
+    rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
+    trained_on = {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}
+    world = dist.get_world_size() if dist.is_initialized() else 1
+    train, dtype = params.train, weights_dtype(precision(params, device))
+    # Kept in memory after the round only when it equals what loading the saved folder gives (see loaded.py).
+    keep = world == 1 and not train.lora.enabled and train.algorithm not in ("dpo", "rft")
+    model, tokenizer = (loaded.take_policy(parent, device, dtype) if keep else
+                        load_trainable_policy(parent, train.lora, base, device, dtype=dtype))
+    seed = params.seed * 1000 + round_number
+    ref_model = optimizer_state = None
+    if train.algorithm in ("dpo", "rft"):
+        from rl_assets.train.preference import train_dpo, train_rft
+
+        run = train_dpo if train.algorithm == "dpo" else train_rft
+        model, metrics = run(model, tokenizer, rollouts, rewards, train, seed=seed, use_cpu=not device.startswith("cuda"))
+        history = metrics.pop("history")
+    else:
+        from rl_assets.train.policy_gradient import table_group_size, train_on_rollouts
+
+        ref_model = loaded.reference(base, device) if train.beta > 0 else None
+        state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
+        carried = parent_moments(parent, data, device) if train.carry_optimizer_state else None
+        model, metrics, history, optimizer_state = train_on_rollouts(
+            model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
+            temperature=params.rollouts.temperature,
+            pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
+            state_dir=train_state_dir(round_number, data), fingerprint=state,
+            optimizer_state=carried)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    from rl_assets.train.policy_gradient import reference_kl
+
+    metrics["kl"] = reference_kl(model.to(device), loaded.reference(base, device), rollouts, pad_id=tokenizer.pad_token_id,
+                                 temperature=params.rollouts.temperature)
+    if not train.beta > 0:  # only this metric needs it: not kept through the next round's sampling and training (memory)
+        loaded.drop_reference()
+    carries = optimizer_state is not None and train.carry_optimizer_state
+    lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
+               "carries_optimizer_state": carries,  # its moments are in <data>/run_state: the next round must continue them
+               "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
+               "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history,
+               **stage_lineage("train", params)}
+    for table_path in (rollouts_path, rewards_path):  # the code that sampled and scored what this round trained on
+        lineage["code"].update(table_lineage(table_path).get("code", {}))
+    saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), data), lineage, lora=train.lora)
+    if carries:  # a later process (or a rerun after a crash) reads it; the moments of checkpoints no longer on disk go
+        save_carried_optimizer(optimizer_state, saved_id, round_number, data, keep=current_checkpoint_ids(params.rounds, data))
+    del optimizer_state  # twice the weights' size: read back from disk by the next round, not held through its sampling
+    if keep:
+        loaded.keep_policy(model, tokenizer, saved_id, device, dtype)
+    shutil.rmtree(train_state_dir(round_number, data), ignore_errors=True)  # the round is done; its resume points are not needed
+    return metrics
+
+
+def parent_moments(parent: Path, data: Path, device: str) -> dict | None:
+    """The AdamW moments `parent` was saved with (None when it carried none: r00, DPO/RFT, carry off);
+    raises MissingRunState when it did and they are gone: training on without them would make another model."""
+    from rl_assets.train.train_state import MissingRunState, carried_optimizer_path, load_carried_optimizer
+
+    card = read_lineage(parent)
+    moments = load_carried_optimizer(card["checkpoint_id"], data, device)
+    if moments is None and card.get("carries_optimizer_state"):
+        raise MissingRunState(
+            f"{parent} was trained with train.carry_optimizer_state and its AdamW moments are gone "
+            f"({carried_optimizer_path(card['checkpoint_id'], data)}): the next round would train without them and make another "
+            f"model. `rl-assets run` trains that round again to recreate them; "
+            f"--set train.carry_optimizer_state=false starts every round from a fresh optimizer instead.")
+    return moments
+
+
+def current_checkpoint_ids(rounds: int, data: Path) -> frozenset[str]:
+    """The ids of the checkpoints r00..rR on disk now (whose carried moments a later round may need)."""
+    paths = (output_path(checkpoint_key(n), data) for n in range(rounds + 1))
+    return frozenset(checkpoint_id(p) for p in paths if (p / "lineage.json").is_file())
+
+
+def with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, device: str, loaded: Loaded) -> dict:
+    """The checkpoint's held-out accuracy added to its own materialization (the evaluation asset reuses the result).
+
+    Called here, not by run_sft/run_train: the checkpoint does not depend on the evaluation code or the rewards
+    (their declared code in rl_assets.core.stage_table), so editing a reward module does not make the checkpoints stale.
+    """
+    from rl_assets.eval.evaluation import evaluated, heldout_metadata
+
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return metadata
+    mode = precision(params, device)
+    started = time.perf_counter()
+    try:
+        rows, reused = evaluated(checkpoint, params, data_dir(params.experiment, root), device, mode, load=lambda: loaded.policy(checkpoint, device, weights_dtype(mode)))
+    except Exception as error:  # e.g. a reward that raises: its own asset fails with it; the checkpoint is fine
+        print(f"warning: held-out evaluation of {checkpoint} failed: {type(error).__name__}: {error}", file=sys.stderr)
+        return {**metadata, "heldout_error": f"{type(error).__name__}: {error}"[:500]}
+    # what the evaluation added to this step's time (0 when an earlier evaluation of the same checkpoint was reused)
+    return {**metadata, **heldout_metadata(rows), "heldout_seconds": 0.0 if reused else round(time.perf_counter() - started, 2)}
+
+
+def run_evaluation(params: Params, root: Path, device: str) -> dict:
+    """evaluation: every checkpoint r00..rR on the held-out prompts, greedy and sampled."""
+    data = data_dir(params.experiment, root)
+    from rl_assets.eval.evaluation import evaluated, paired_difference
+    from rl_assets.eval.curves import write_round_plots
+
+    report, examples, reused = [], [], 0
+    for round_number in range(params.rounds + 1):
+        path = output_path(checkpoint_key(round_number), data)
+        rows, was_done = evaluated(path, params, data, device, precision(params, device))  # usually done by the step that made it
+        reused += was_done
+        for row in rows:
+            examples += [[checkpoint_key(round_number), row["mode"], *e] for e in row.pop("examples")[:3]]
+            report.append({"checkpoint": checkpoint_key(round_number), "checkpoint_id": checkpoint_id(path), **row})
+    first = {r["mode"]: r for r in report if r["checkpoint"] == checkpoint_key(0)}
+    for row in report:
+        base = first.get(row["mode"])
+        row["gain"] = row["accuracy"] - base["accuracy"] if base else None
+        if base and row is not base and base.get("correct_per_prompt") and row.get("correct_per_prompt"):
+            row["gain_se"] = paired_difference(base["correct_per_prompt"], row["correct_per_prompt"], row["n_samples"])[1]
+    table = pa.Table.from_pylist(report, schema=EVALUATION)
+    write_table(table, output_path("evaluation", data), EVALUATION, "evaluation",
+                lineage=stage_lineage("evaluation", params))
+    summary = {f"{r['checkpoint'].split('/')[0]}_{r['mode']}_{metric}": round(r[metric], 4)
+               for r in report for metric in ("accuracy", "reward_mean", "pass_at_k", "gain", "gain_se") if r.get(metric) is not None}
+    import json
+
+    (data / EVALUATION_METRICS).write_text(json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    write_round_plots(data)
+    reward_means = {n: read_lineage(output_path(checkpoint_key(n), data))["metrics"]["reward_mean"] for n in range(1, params.rounds + 1)}
+    plot = accuracy_plot(report, reward_means, data / EVALUATION_PLOT)
+    accuracy_rows = [[r["checkpoint"], r["mode"], f"{r['accuracy']:.3f}", gain_text(r), f"{r['pass_at_k']:.3f}", f"{r['reward_mean']:.3f}",
+                      r["n_prompts"] * r["n_samples"]] for r in report]
+    return {
+        **summary, "checkpoints_evaluated_before": reused,
+        "accuracy": {"type": "md", "raw_value": markdown_table(["checkpoint", "mode", f"accuracy ({report[0]['correctness']})", "gain vs r00 (± paired SE)", "pass@k", "mean reward",
+                                                                     "completions"], accuracy_rows)},
+        "plot": {"type": "md", "raw_value": f"![accuracy and reward per round](data:image/png;base64,{plot})"},
+        "examples": {"type": "md", "raw_value": markdown_table(["checkpoint", "mode", "prompt", "completion", "answer"], examples)},
+    }
+
+
+def run_stage(stage: str, params: Params, round_number: int | None, root: Path, loaded: Loaded | None = None) -> tuple[dict, Path]:
+    """Run one compute step in this process, with a heartbeat file while it runs; returns (metadata, output path).
+
+    `loaded`: the models kept from the steps this process ran before (a fresh, empty one when None).
+    """
+    # The heartbeat (read by /health and `rl-assets status`) and the process set-up shape no output: not in the stage table.
+    from rl_assets.run.heartbeat import Heartbeat
+    from rl_assets.run.loaded import Loaded
+    from rl_assets.run.process import quiet_step, release_freed_memory
+
+    quiet_step()
+    try:
+        with Heartbeat(root, stage, round_number):
+            return _run_stage(stage, params, round_number, root, loaded or Loaded())
+    finally:
+        release_freed_memory()  # the next step's peak starts from what is in use, not from this step's leftovers
+
+
+def _run_stage(stage: str, params: Params, round_number: int | None, root: Path, loaded: Loaded) -> tuple[dict, Path]:
+    if stage not in COMPUTE_STAGES:
+        raise ValueError(f"unknown stage {stage!r}; one of {list(COMPUTE_STAGES)}")
+    if stage in ROUND_STAGES and (round_number is None or not 1 <= round_number <= params.rounds):
+        raise ValueError(f"{stage} needs --round between 1 and rounds={params.rounds}")
+    torch.manual_seed(params.seed * 1000 + (round_number or 0))  # e.g. fresh LoRA adapters: the same whatever ran before
+    device, data = step_device(params), data_dir(params.experiment, root)
+    if stage == "sft":
+        path = output_path(checkpoint_key(0), data)
+        return with_heldout(run_sft(params, root, device), path, params, root, device, loaded), path
+    if stage == "rollouts":
+        return run_rollouts(params, round_number, root, device, loaded), output_path(f"{round_prefix(round_number)}/rollouts", data)
+    if stage == "rewards":
+        return run_rewards(params, round_number, root), output_path(f"{round_prefix(round_number)}/rewards", data)
+    if stage == "train":
+        path = output_path(checkpoint_key(round_number), data)
+        return with_heldout(run_train(params, round_number, root, device, loaded), path, params, root, device, loaded), path
+    if stage == "evaluation":
+        return run_evaluation(params, root, device), output_path("evaluation", data)
+    if stage == "reward_model":
+        from rl_assets.train.reward_model import train_reward_model
+
+        if params.reward_model is None:
+            raise ValueError("the reward_model stage needs a reward_model section in params")
+        path = output_path("reward_model", data)
+        return train_reward_model(params.reward_model, params.seed, path, use_cpu=not device.startswith("cuda")), path
+    from rl_assets.eval.promotion import run_promotion
+
+    return run_promotion(params, root, device)
+
+
+def step_device(params: Params) -> str:
+    """The device of this process's work: compute.device, this rank's GPU under torchrun, with its memory share."""
+    from rl_assets.core.policy import pick_device
+
+    device = pick_device(params.compute.device)
+    if device == "cuda" and dist.is_initialized():
+        device = f"cuda:{int(os.environ.get('LOCAL_RANK', 0))}"
+    if device.startswith("cuda") and params.compute.gpu_memory_fraction < 1:  # share a GPU without one step starving the rest
+        torch.cuda.set_per_process_memory_fraction(params.compute.gpu_memory_fraction, torch.device(device))
+    return device

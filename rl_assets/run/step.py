@@ -1,0 +1,73 @@
+"""Compute steps from the command line, without an orchestrator.
+
+    python -m rl_assets.run.step {sft,rollouts,rewards,train,evaluation,reward_model,promote} [--round N] [--params params.yaml] [--set k=v]
+    python -m rl_assets.run.step r01/rollouts r01/rewards r01/checkpoint r02/rollouts ...   # several outputs, models kept loaded
+    torchrun --nproc_per_node=2 -m rl_assets.run.step train --round 1
+
+A stage name runs that step (rl_assets.run.stages); asset keys run those outputs in one resident
+process (rl_assets.run.resident) and stop at a failed blocking guard. Dagster launches the same code
+through `pipelines.pipes_child`, where rank 0 reports each output as a materialization.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from rl_assets.core.config import Params, load_params
+from rl_assets.core.stage_table import COMPUTE_STAGES
+
+
+def parse_args(argv: list[str] | None = None, prog: str = "python -m rl_assets.run.step") -> tuple[argparse.Namespace, Params]:
+    """The outputs asked for and the params; `args.stage` is the one stage asked for by name, else None (asset keys)."""
+    parser = argparse.ArgumentParser(prog=prog, description=__doc__.split("\n\n")[0])
+    parser.add_argument("outputs", nargs="+", metavar="STAGE_OR_KEY", help=f"a stage ({', '.join(COMPUTE_STAGES)}) or asset keys (r01/rollouts ...)")
+    parser.add_argument("--round", type=int, default=None, help="round number N for a round's stage")
+    parser.add_argument("--params", default=os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    args = parser.parse_args(argv)
+    # A stage's name runs that stage; anything else is asset keys ("evaluation" is both: the key, with its guards).
+    args.stage = args.outputs[0] if len(args.outputs) == 1 and args.outputs[0] in COMPUTE_STAGES and not _is_key(args.outputs[0]) else None
+    if args.stage is None and args.round is not None:
+        parser.error("--round goes with a stage name (sft, rollouts, rewards, train, ...); asset keys name their round (r02/rollouts)")
+    return args, load_params(args.params, args.overrides)
+
+
+def _is_key(name: str) -> bool:
+    from rl_assets.core.paths import stage_of
+
+    try:
+        stage_of(name)
+        return True
+    except ValueError:
+        return False
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one step, or several outputs resident; rank 0 prints each output path and its scalar metadata."""
+    from rl_assets.run.preflight import check_user_code
+    from rl_assets.run.process import quiet_step, start_distributed, stop_distributed
+    from rl_assets.run.resident import write_outputs
+    from rl_assets.run.stages import run_stage
+
+    args, params = parse_args(argv)
+    check_user_code(params, args.params)  # the preflight of a run; under Dagster `rl-assets run` took it before the step
+    quiet_step()
+    rank = start_distributed(params)
+    if args.stage is not None:
+        done = iter([(args.stage, *run_stage(args.stage, params, args.round, Path(".")))])
+    else:
+        done = ((o.key, o.metadata, o.path) for o in write_outputs(args.outputs, params))
+    for name, metadata, output in done:  # each as soon as it is written
+        if rank == 0:
+            plain = {k: v for k, v in metadata.items() if not isinstance(v, dict)}
+            print(json.dumps({"output": str(output), "step": name, **plain}, indent=2, default=str), flush=True)
+    stop_distributed()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

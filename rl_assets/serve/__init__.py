@@ -1,0 +1,1 @@
+"""Serving: `rl-assets serve` (health, metrics, OpenAI-compatible completions), `rl-assets generate`, the Kubernetes example."""

@@ -1,0 +1,252 @@
+"""`rl-assets serve`: the project's health, its metrics and its models over HTTP (FastAPI on uvicorn).
+
+    rl-assets serve [--host 127.0.0.1] [--port 8000] [--heartbeat-timeout 300]
+
+    GET  /health                200 with the project's state (latest run, round, last metrics, promoted model,
+                                heartbeats of running steps); 503 when the latest run failed or a step's heartbeat is stale
+    GET  /health/live           200 while this server itself works (its generation worker is not stuck): the liveness probe
+    GET  /metrics               Prometheus exposition format (rl_assets/serve/metrics.py)
+    GET  /v1/models             the checkpoints a request may name
+    POST /v1/completions        OpenAI-compatible; `model` is promoted (default), rNN, a checkpoint folder or id (prefix);
+                                each prompt rendered as training rendered problems (prompts.template, the chat template
+                                when prompts.chat_template says so), so a raw question reaches a chat model as a user turn
+    POST /v1/chat/completions   the same for chat messages (the tokenizer's chat template, else one message per line)
+
+Responses carry the checkpoint id as `model` and its lineage under `lineage`. Concurrent requests are
+batched on one worker thread (rl_assets/serve/models.py), admitted against a token budget (400 above
+`--max-request-tokens`, 429 while `--max-queued-tokens` are waiting), generated in slices so a large one
+never starves small ones, and dropped when their client hangs up; a client gets `--read-timeout` seconds
+to send a request's head and body. /health shows the queue. Sampling is greedy unless `temperature` > 0,
+as in `rl-assets generate`. On a GPU with vLLM installed, `vllm serve models/promoted` serves the same
+folder faster; this server is the CPU path and the one with the project's health and metrics.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from pathlib import Path
+from typing import Literal
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from pydantic import BaseModel, ConfigDict, Field
+
+from rl_assets.core.config import Params
+from rl_assets.serve.health import StatusCache, health_body
+from rl_assets.run.heartbeat import running_steps, timeout_seconds
+from rl_assets.core.paths import data_dir
+from rl_assets.serve.metrics import ProjectCollector, ServerMetrics
+from rl_assets.serve.models import BadRequest, Batcher, Busy, Job, ModelPool, Sampling, UnknownModel
+
+PREDICT = ("/v1/completions", "/v1/chat/completions")
+
+
+class _Request(BaseModel):
+    model_config = ConfigDict(extra="ignore")  # other OpenAI fields (user, logit_bias, ...) are accepted and unused
+
+    model: str = Field("promoted", min_length=1, description="promoted, rNN, a checkpoint folder or a checkpoint id (prefix)")
+    max_tokens: int = Field(16, ge=1, description="New tokens per completion, at most the server's --max-tokens.")
+    temperature: float = Field(0.0, ge=0, le=2, description="0 decodes greedily.")
+    top_p: float = Field(1.0, gt=0, le=1)
+    n: int = Field(1, ge=1, le=16, description="Completions per prompt.")
+    stop: str | list[str] | None = None
+    seed: int | None = Field(None, ge=0, description="Seed of the batch's sampling (requests with other seeds batch apart).")
+    stream: Literal[False] = Field(False, description="Streaming is not supported.")
+
+
+class CompletionRequest(_Request):
+    prompt: str | list[str]
+
+
+class Message(BaseModel):
+    role: str
+    content: str | list[dict]
+
+    def text(self) -> str:
+        if isinstance(self.content, str):
+            return self.content
+        return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+
+
+class ChatRequest(_Request):
+    messages: list[Message] = Field(min_length=1)
+
+
+def error(status: int, message: str, kind: str = "invalid_request_error", code: str | None = None) -> JSONResponse:
+    """The OpenAI error shape, so OpenAI clients raise their own NotFoundError, BadRequestError, ..."""
+    return JSONResponse({"error": {"message": message, "type": kind, "param": None, "code": code}}, status_code=status)
+
+
+def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = None, status_interval: float = 15.0,
+               max_batch: int = 32, max_tokens: int = 256, device: str = "cpu", preload: str | None = "promoted",
+               status_command: list[str] | None = None, max_request_tokens: int | None = None,
+               max_queued_tokens: int | None = None) -> FastAPI:
+    """The server of the project at `root` (see the module docstring); `status_command` prints the status JSON (the CLI passes `rl-assets status`; None: files only).
+
+    `max_request_tokens` (default 64 completions of `max_tokens`) and `max_queued_tokens` (default 4x that) are the budget."""
+    timeout = timeout_seconds() if heartbeat_timeout is None else heartbeat_timeout
+    status = StatusCache(root, status_interval, status_command)
+    data = data_dir(params.experiment, root)  # the experiment's rounds (rNN names) and metrics
+    metrics = ServerMetrics(ProjectCollector(root, data, status, timeout))
+    pool = ModelPool(root, params.promotion, data, device)
+    batcher = Batcher(pool, max_batch=max_batch, on_batch=metrics.on_batch, max_request_tokens=max_request_tokens or 64 * max_tokens,
+                      max_queued_tokens=max_queued_tokens, rendering=params.prompts)
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        with contextlib.suppress(FileNotFoundError):
+            batcher.start(preload=pool.resolve(preload)[0] if preload else None)
+        if not batcher.thread.is_alive():
+            batcher.start()
+        status.latest(wait=False)
+        yield
+        batcher.stop()
+
+    app = FastAPI(title="rl-assets", lifespan=lifespan)
+    app.state.status, app.state.metrics, app.state.batcher = status, metrics, batcher
+
+    def count(endpoint: str, code: int, started: float) -> None:
+        metrics.requests.labels(endpoint, str(code)).inc()
+        metrics.latency.labels(endpoint).observe(time.perf_counter() - started)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, exc: RequestValidationError):
+        problems = "; ".join(f"malformed JSON at character {e['loc'][-1]}: {e['ctx']['error']}" if e["type"] == "json_invalid" else
+                             f"{'.'.join(str(p) for p in e['loc'] if p != 'body') or 'body'}: {e['msg']}" for e in exc.errors())
+        if request.url.path in PREDICT:
+            count(request.url.path, 400, time.perf_counter())
+        return error(400, f"invalid request: {problems}")
+
+    @app.get("/health")
+    async def health():
+        current = await asyncio.to_thread(status.latest)
+        healthy, body = health_body(current, running_steps(root, timeout), status.age(), status.error)
+        body["serving"] = batcher.load()  # a saturated queue: new large requests get 429 until it drains
+        return JSONResponse(body, status_code=200 if healthy else 503)
+
+    @app.get("/health/live")
+    async def live():
+        """Liveness of this server alone: the event loop answers and the generation worker is not stuck on one batch."""
+        stuck = batcher.stuck_for()
+        if stuck is not None and stuck > timeout:
+            return JSONResponse({"status": "unhealthy", "reasons": [f"generation worker on one batch for {stuck:.0f} s"]}, status_code=503)
+        return {"status": "healthy", "busy_s": stuck, "serving": batcher.load()}
+
+    @app.get("/metrics")
+    async def prometheus():
+        return Response(await asyncio.to_thread(generate_latest, metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/v1/models")
+    async def models():
+        names = ["promoted", *sorted(p.parent.parent.name for p in data.glob("r*/checkpoint/lineage.json"))]
+        listed = []
+        for name in names:
+            with contextlib.suppress(UnknownModel):
+                listed.append({"id": name, "object": "model", "owned_by": "rl-assets", "created": 0, "lineage": pool.resolve(name)[1]})
+        return {"object": "list", "data": listed}
+
+    async def predict(endpoint: str, raw: Request, request: _Request, **job) -> JSONResponse:
+        started, code = time.perf_counter(), 500
+        try:
+            if request.max_tokens > max_tokens:
+                raise BadRequest(f"max_tokens={request.max_tokens} exceeds the server's limit of {max_tokens}")
+            path, lineage = pool.resolve(request.model)
+            sampling = Sampling(request.max_tokens, request.temperature, request.top_p, request.n, request.seed or 0)
+            stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
+            result = await until_answered_or_gone(raw, batcher.submit(Job(path, sampling, stop=stop, **job)))
+            if result is None:  # the client hung up: its job was dropped; nobody reads this answer
+                code = 499
+                return error(499, "client closed the request", code="client_closed_request")
+            code = 200
+        except UnknownModel as problem:
+            code = 404
+            return error(404, str(problem), code="model_not_found")
+        except BadRequest as problem:
+            code = 400
+            return error(400, str(problem))
+        except Busy as problem:
+            code = 429
+            response = error(429, str(problem), kind="rate_limit_error", code="server_busy")
+            response.headers["Retry-After"] = "1"
+            return response
+        except Exception as problem:  # noqa: BLE001 - a failed generation is a 500 with its message; the server keeps serving
+            return error(500, f"{type(problem).__name__}: {problem}", kind="server_error")
+        finally:
+            count(endpoint, code, started)
+        tokens = sum(choice.pop("tokens") for choice in result["choices"])
+        usage = {"prompt_tokens": result["prompt_tokens"], "completion_tokens": tokens, "total_tokens": result["prompt_tokens"] + tokens}
+        return JSONResponse({"id": f"{'chatcmpl' if job.get('messages') else 'cmpl'}-{uuid.uuid4().hex[:24]}", "created": int(time.time()),
+                             "model": lineage["checkpoint_id"], "lineage": {"name": request.model, "path": str(path.relative_to(root)), **lineage},
+                             "usage": usage, **_shape(result["choices"], chat=job.get("messages") is not None)})
+
+    @app.post("/v1/completions")
+    async def completions(request: CompletionRequest, raw: Request):
+        return await predict("/v1/completions", raw, request, prompts=[request.prompt] if isinstance(request.prompt, str) else request.prompt)
+
+    @app.post("/v1/chat/completions")
+    async def chat(request: ChatRequest, raw: Request):
+        return await predict("/v1/chat/completions", raw, request, messages=[{"role": m.role, "content": m.text()} for m in request.messages])
+
+    return app
+
+
+async def until_answered_or_gone(request: Request, answer, poll: float = 0.25):
+    """Await `answer`, checking every `poll` seconds that the client is still there; None (and the job dropped) once it is not."""
+    task = asyncio.ensure_future(answer)
+    while True:
+        done, _ = await asyncio.wait({task}, timeout=poll)
+        if done:
+            return task.result()
+        if await request.is_disconnected():
+            task.cancel()  # Batcher.submit marks the job cancelled: the worker drops it at its next slice
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+            return None
+
+
+def _shape(choices: list[dict], chat: bool) -> dict:
+    if chat:
+        return {"object": "chat.completion", "choices": [{"index": i, "message": {"role": "assistant", "content": c["text"]},
+                                                          "finish_reason": c["finish_reason"], "logprobs": None} for i, c in enumerate(choices)]}
+    return {"object": "text_completion", "choices": [{"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
+                                                     for i, c in enumerate(choices)]}
+
+
+def serve(root: Path, params: Params, host: str = "127.0.0.1", port: int = 8000, read_timeout: float = 10.0, **options) -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(root, params, **options), host=host, port=port, log_level="info", http=timed_protocol(read_timeout))
+
+
+def timed_protocol(read_timeout: float):
+    """uvicorn's h11 protocol with a deadline for reading a request: a client that sends half a head, or its body slower than
+    `read_timeout` seconds, is disconnected (uvicorn times out only idle keep-alive connections, so it held them forever)."""
+    import h11
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._read_deadline = self.loop.call_later(read_timeout, self._read_timed_out)
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            self._read_deadline.cancel()  # the next request of a kept-alive connection gets a deadline of its own
+            self._read_deadline = self.loop.call_later(read_timeout, self._read_timed_out)
+
+        def connection_lost(self, exc) -> None:
+            self._read_deadline.cancel()
+            super().connection_lost(exc)
+
+        def _read_timed_out(self) -> None:
+            # IDLE: not even a whole head yet; SEND_BODY: the body is still coming. DONE: read, being answered: not ours.
+            if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+                self.logger.warning(f"{self.client}: request not read within {read_timeout:.0f} s: closing the connection")
+                self.transport.close()
+
+    return TimedH11Protocol

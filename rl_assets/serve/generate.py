@@ -1,0 +1,56 @@
+"""Sample from any checkpoint: by round, folder, id (or its prefix), or `promoted`.
+
+    rl-assets generate --checkpoint promoted "7*8="
+    rl-assets generate --checkpoint r03 --samples 4 "sum of 4 and 5?"
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+from rl_assets.core.checkpoints import LINEAGE_FILE
+from rl_assets.core.config import PromotionParams, PromptsParams
+from rl_assets.core.paths import DATA, checkpoint_key, output_path
+from rl_assets.eval.promotion import models_dir, promoted_path
+
+
+def resolve_checkpoint(name: str, promotion: PromotionParams, root: Path = Path("."), data: Path | None = None) -> Path:
+    """A checkpoint folder from `promoted`, `r03`, `r03/checkpoint`, a folder path, or a checkpoint id (prefix).
+
+    Rounds and ids are looked up in the experiment's data folder `data` (paths.data_dir; default ROOT/data)."""
+    data = root / DATA if data is None else data
+    if name == "promoted":
+        path = promoted_path(promotion, root)
+        if not (path / LINEAGE_FILE).is_file():
+            raise FileNotFoundError(f"{path}: no promoted model yet (the promoted_model asset writes it)")
+        return path
+    match = re.fullmatch(r"r(\d{1,2})(/checkpoint)?", name)
+    path = output_path(checkpoint_key(int(match.group(1))), data) if match else root / name
+    if (path / LINEAGE_FILE).is_file():
+        return path
+    if match:
+        raise FileNotFoundError(f"{path}: no checkpoint there")
+    cards = [*data.glob(f"r*/checkpoint/{LINEAGE_FILE}"), *(models_dir(promotion, root) / "versions").glob(f"*/{LINEAGE_FILE}")]
+    found = {json.loads(card.read_text())["checkpoint_id"]: card.parent for card in cards}
+    found = {checkpoint_id: folder for checkpoint_id, folder in found.items() if checkpoint_id.startswith(name)}
+    if len(found) == 1:
+        return next(iter(found.values()))
+    raise FileNotFoundError(f"{name!r}: " + (f"{len(found)} checkpoint ids start with it" if found else "no checkpoint folder or id"))
+
+
+def sample(path: Path, prompts: list[str], samples: int, temperature: float, max_new_tokens: int, seed: int,
+           rendering: PromptsParams | None = None) -> list[dict]:
+    """`samples` completions per prompt (greedy when temperature is 0), each prompt rendered as training rendered problems
+    (`rendering`: the params' prompts section, its template and chat template) unless it is None (the text as given)."""
+    from rl_assets.core.policy import load_policy, pick_device
+    from rl_assets.data.prompts import render
+    from rl_assets.rollout.generation import generate
+
+    model, tokenizer = load_policy(path, pick_device("auto"))
+    texts = [render(prompt, rendering, tokenizer) for prompt in prompts] if rendering is not None else prompts
+    out = generate(model, tokenizer, texts, samples, greedy=temperature == 0, temperature=temperature or 1.0,
+                   max_new_tokens=max_new_tokens, seed=seed)
+    expanded = [p for p in prompts for _ in range(samples)]
+    return [{"prompt": p, "completion": t, "truncated": tr} for p, t, tr in zip(expanded, out.texts, out.truncated)]
