@@ -2,24 +2,26 @@
 (specs of the compute multi-asset, pipelines/compute.py).
 
 Each body loads its inputs, calls one rl_assets function, and reports metadata. The `rl_assets/*`
-metadata tell `dvc-sync` which params sections, code and raw inputs each stage depends on.
+metadata tell `dvc-sync` which params sections, code and raw inputs each stage depends on. Every
+definition comes from a factory given the params (pipelines.definitions builds them when Dagster
+loads the code location): nothing here reads params at import.
 """
-
-
-from typing import Iterator
 
 from collections import Counter
 from pathlib import Path
+from typing import Iterator
 
-from dagster import AssetExecutionContext, AssetSpec, Backoff, MaterializeResult, MetadataValue, RetryPolicy, asset
+from dagster import AssetExecutionContext, AssetsDefinition, AssetSpec, Backoff, MaterializeResult, MetadataValue, RetryPolicy, asset
 
 from pipelines.checks import guard_specs
-from pipelines.steps import ParamsResource, asset_key, load_project_params, materialized, written_keys
+from pipelines.params import ParamsResource, asset_key, written_keys
+from pipelines.steps import materialized
+from rl_assets.core.config import ComputeParams, Params
 from rl_assets.core.paths import checkpoint_key, data_dir, output_path
 
-def compute_tags() -> dict:
+
+def compute_tags(compute: ComputeParams) -> dict:
     """Op tags of a compute step: its GPU need, which dagster-k8s turns into an nvidia.com/gpu request."""
-    compute = load_project_params().compute
     gpus = compute.gpus_per_step
     tags, container = {"rl_assets/compute": "true", "rl_assets/gpus": str(gpus)}, {}
     if gpus:
@@ -33,19 +35,12 @@ def compute_tags() -> dict:
     return tags
 
 
-COMPUTE_TAGS = compute_tags()
 # A training step killed by a preemption or an OOM is retried; it resumes from its last saved state. Only such
 # transient failures reach the policy: run_compute raises Failure(allow_retries=False) for an error that would recur.
 TRAINING_RETRY = RetryPolicy(max_retries=2, delay=30, backoff=Backoff.EXPONENTIAL)
 
 
-def base_checkpoint_tracking() -> dict:
-    """r00 starts from the promoted model when promotion.warm_start says so: then DVC tracks that model too."""
-    promotion = load_project_params().promotion
-    return stage_tracking("sft", [f"{promotion.directory}/promoted"] if promotion.warm_start == "promoted" else None)
-
-
-def stage_tracking(stage: str, inputs: list[str] | None = None) -> dict:
+def stage_tracking(stage: str, params: Params, inputs: list[str] | None = None) -> dict:
     """The `metadata` and `code_version` of a stage's asset: what dvc-sync writes and what the UI compares.
 
     The metadata name the params keys and code files of the stage (rl_assets.core.stage_table: the declared
@@ -55,7 +50,6 @@ def stage_tracking(stage: str, inputs: list[str] | None = None) -> dict:
     """
     from rl_assets.core.stage_table import stage_code, stage_params, stage_version
 
-    params = load_project_params()
     code = [path for path in stage_code(stage, params) if not Path(path).is_absolute()]  # DVC deps live in the project
     metadata = {"rl_assets/params": written_keys(stage_params(stage, params)), "rl_assets/code": code}
     if inputs:
@@ -63,67 +57,74 @@ def stage_tracking(stage: str, inputs: list[str] | None = None) -> dict:
     return {"metadata": metadata, "code_version": stage_version(stage, params)}
 
 
-def raw_inputs() -> list[str]:
+def raw_inputs(params: Params) -> list[str]:
     """Every file or folder the sources read (data files, dataset folders, generator modules): DVC deps."""
     from rl_assets.data.raw_data import source_inputs
 
-    return source_inputs(load_project_params().raw_data)
+    return source_inputs(params.raw_data)
 
 
-@asset(
-    key_prefix=asset_key("raw_data").path[:-1],  # experiments/<name> for any experiment but the default
-    group_name="data",
-    kinds={"parquet"},
-    description="Every configured source (JSONL/CSV/Parquet/datasets files, seeded generators) merged into one table with source and hash per row.",
-    **stage_tracking("raw_data", raw_inputs()),
-    check_specs=guard_specs(asset_key("raw_data")),
-)
-def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
-    from rl_assets.data.raw_data import load_raw_data
-    from rl_assets.core.schemas import RAW_DATA, write_table
+def data_assets(params: Params) -> list[AssetsDefinition]:
+    """raw_data and prompts, each written in its own step by the Dagster process (no model, no compute child)."""
 
-    p = params.load()
-    table, dropped = load_raw_data(p.raw_data, p.seed)  # raises before anything is written
-    path = write_table(table, output_path("raw_data", data_dir(p.experiment)), RAW_DATA, "raw_data")
-    counts = Counter(table["source"].to_pylist())
-    sample = "\n".join(f"- `{message}`" for message in dropped[:10]) or "none"
-    yield from materialized(context, params, path, {"rows": table.num_rows, "rows_per_source": dict(counts), "dropped_bad_rows": len(dropped),
-                                        "dropped_bad_rows_sample": MetadataValue.md(sample)})
+    @asset(
+        key=asset_key("raw_data"),  # experiments/<name>/raw_data for any experiment but the default
+        group_name="data",
+        kinds={"parquet"},
+        description="Every configured source (JSONL/CSV/Parquet/datasets files, seeded generators) merged into one table with source and hash per row.",
+        **stage_tracking("raw_data", params, raw_inputs(params)),
+        check_specs=guard_specs(asset_key("raw_data")),
+    )
+    def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
+        from rl_assets.core.schemas import RAW_DATA, write_table
+        from rl_assets.data.raw_data import load_raw_data
+
+        p = params.load()
+        table, dropped = load_raw_data(p.raw_data, p.seed)  # raises before anything is written
+        path = write_table(table, output_path("raw_data", data_dir(p.experiment)), RAW_DATA, "raw_data")
+        counts = Counter(table["source"].to_pylist())
+        sample = "\n".join(f"- `{message}`" for message in dropped[:10]) or "none"
+        yield from materialized(context, params, path, {"rows": table.num_rows, "rows_per_source": dict(counts), "dropped_bad_rows": len(dropped),
+                                                        "dropped_bad_rows_sample": MetadataValue.md(sample)})
+
+    @asset(
+        key=asset_key("prompts"),
+        deps=[raw_data],
+        group_name="data",
+        kinds={"parquet"},
+        description="Deduplicated prompts with a stable hash-based sft/rl/eval split and a token-length filter.",
+        **stage_tracking("prompts", params),
+        check_specs=guard_specs(asset_key("prompts")),
+    )
+    def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
+        from rl_assets.core.schemas import PROMPTS, read_table, write_table
+        from rl_assets.core.tokenizer import load_tokenizer
+        from rl_assets.data.prompts import build_prompts
+
+        p = params.load()
+        data = data_dir(p.experiment)
+        table, dropped = build_prompts(read_table(output_path("raw_data", data), "raw_data"), p.prompts, load_tokenizer(p.model))
+        path = write_table(table, output_path("prompts", data), PROMPTS, "prompts")
+        splits = Counter(table["split"].to_pylist())
+        yield from materialized(context, params, path, {"rows": table.num_rows, **{f"split_{s}": splits[s] for s in ("sft", "rl", "eval")},
+                                                        "dropped_duplicates": dropped["duplicates"], "dropped_too_long": dropped["too_long"],
+                                                        "dropped_conflicting_answers": dropped["conflicting"]})
+
+    return [raw_data, prompts]
 
 
-@asset(
-    key_prefix=asset_key("prompts").path[:-1],
-    deps=[raw_data],
-    group_name="data",
-    kinds={"parquet"},
-    description="Deduplicated prompts with a stable hash-based sft/rl/eval split and a token-length filter.",
-    **stage_tracking("prompts"),
-    check_specs=guard_specs(asset_key("prompts")),
-)
-def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
-    from rl_assets.data.prompts import build_prompts
-    from rl_assets.core.schemas import PROMPTS, read_table, write_table
-    from rl_assets.core.tokenizer import load_tokenizer
-
-    p = params.load()
-    data = data_dir(p.experiment)
-    table, dropped = build_prompts(read_table(output_path("raw_data", data), "raw_data"), p.prompts, load_tokenizer(p.model))
-    path = write_table(table, output_path("prompts", data), PROMPTS, "prompts")
-    splits = Counter(table["split"].to_pylist())
-    yield from materialized(context, params, path, {"rows": table.num_rows, **{f"split_{s}": splits[s] for s in ("sft", "rl", "eval")},
-                                        "dropped_duplicates": dropped["duplicates"], "dropped_too_long": dropped["too_long"],
-                                        "dropped_conflicting_answers": dropped["conflicting"]})
-
-
-def base_checkpoint_spec() -> AssetSpec:
-    return AssetSpec(asset_key(checkpoint_key(0)), deps=[prompts], group_name="r00", kinds={"pytorch"},
+def base_checkpoint_spec(params: Params) -> AssetSpec:
+    """r00/checkpoint; it starts from the promoted model when promotion.warm_start says so: then DVC tracks that model too."""
+    promotion = params.promotion
+    inputs = [f"{promotion.directory}/promoted"] if promotion.warm_start == "promoted" else None
+    return AssetSpec(asset_key(checkpoint_key(0)), deps=[asset_key("prompts")], group_name="r00", kinds={"pytorch"},
                      description="The base policy (embedded tiny model or any HF causal LM), warm-started with TRL's SFTTrainer.",
-                     **base_checkpoint_tracking())
+                     **stage_tracking("sft", params, inputs))
 
 
-def evaluation_spec(rounds: int) -> AssetSpec:
+def evaluation_spec(params: Params) -> AssetSpec:
     """Every checkpoint r00..rR on the held-out prompts; depends on all of them."""
-    return AssetSpec(asset_key("evaluation"), deps=[asset_key(checkpoint_key(n)) for n in range(rounds + 1)] + [prompts],
+    return AssetSpec(asset_key("evaluation"), deps=[asset_key(checkpoint_key(n)) for n in range(params.rounds + 1)] + [asset_key("prompts")],
                      group_name="evaluation", kinds={"parquet"},
                      description="Greedy and sampled accuracy of every checkpoint on held-out prompts, with a per-round plot.",
-                     **stage_tracking("evaluation"))
+                     **stage_tracking("evaluation", params))

@@ -35,7 +35,7 @@ def use_project_instance() -> None:
 def rl_pipeline_job():
     from pipelines.definitions import defs
 
-    return defs.resolve_job_def("rl_pipeline")
+    return defs().resolve_job_def("rl_pipeline")
 
 
 def execute(command: str, selection: list[str] | None, everything: bool = False) -> tuple[bool, list[str]]:
@@ -48,8 +48,10 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
 
     from pipelines.dvc import record_journal
     from pipelines.outdated import outdated_assets
-    from pipelines.steps import asset_key, project_params, run_tags
+    from pipelines.params import asset_key, load_project_params, project_params, run_tags
     from pipelines.writer import cli_tags, exclusive_writer
+
+    params = load_project_params()
 
     say = functools.partial(print, file=sys.stderr)
     log = SimpleNamespace(warning=lambda text: say(f"warning: {text}"), info=say)
@@ -59,11 +61,11 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
                 f"({', '.join(recorded)})")
         keys = [asset_key(k) for k in selection] if selection else None  # output keys, e.g. r01/rollouts, of the params' experiment
         if command == "run" and not everything:
-            from pipelines.definitions import PARAMS, defs
+            from pipelines.definitions import defs
 
-            specs = defs.resolve_all_asset_specs()
-            reasons = outdated_assets(instance, specs, data_dir(PARAMS.experiment), models=Path(PARAMS.promotion.directory),
-                                      carry_optimizer_state=PARAMS.train.carry_optimizer_state)
+            specs = defs().resolve_all_asset_specs()
+            reasons = outdated_assets(instance, specs, data_dir(params.experiment), models=Path(params.promotion.directory),
+                                      carry_optimizer_state=params.train.carry_optimizer_state)
             total = len(specs)
             if not reasons:
                 say(f"nothing to do: all {total} assets are up to date (`rl-assets run --all` reruns every one)")
@@ -75,12 +77,12 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
                 if not why.endswith("runs first"):
                     say(f"  also {output_key(key.path)}: {why}")
             keys = list(reasons)
-        from pipelines.definitions import PARAMS, start_step_server
+        from pipelines.definitions import start_step_server
         from pipelines.warm_child import warm_child_for
 
         quiet = {"loggers": {"brief_console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
-        with warm_child_for(PARAMS, keys, say), _one_line_per_skip():  # the compute child imports torch while the run starts
-            start_step_server(PARAMS)
+        with warm_child_for(params, keys, say), _one_line_per_skip():  # the compute child imports torch while the run starts
+            start_step_server(params)
             result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,
                                  tags={**run_tags(project_params()), **cli_tags()})
         if recorded := record_journal(log):  # what a run stopped before its compute step left (pipelines.steps.compute_step_follows)
@@ -118,7 +120,7 @@ def _step_names() -> dict[str, str]:
     from pipelines.definitions import defs
 
     names = {}
-    for assets_def in defs.resolve_asset_graph().assets_defs:
+    for assets_def in defs().resolve_asset_graph().assets_defs:
         if not assets_def.is_executable:
             continue
         keys = [output_key(key.path) for key in assets_def.keys]
@@ -238,7 +240,7 @@ def run_params(run: dict | None):
 
     Falls back to the project's params ($RL_ASSETS_PARAMS or params.yaml) for a run without those tags or before any run.
     """
-    from pipelines.steps import load_project_params
+    from pipelines.params import load_project_params
     from rl_assets.core.config import Params, ParamsError, load_params
 
     if not run or not run.get("params_file"):
@@ -257,7 +259,7 @@ def print_status() -> int:
 
     from rl_assets.run.status import project_status
 
-    from pipelines.steps import load_project_params
+    from pipelines.params import load_project_params
 
     # $RL_ASSETS_PARAMS names an experiment: its latest run; else the latest run of any experiment, with its own params
     run = latest_run(load_project_params().experiment if os.environ.get("RL_ASSETS_PARAMS") else None)
@@ -311,7 +313,7 @@ def main(argv=None) -> int:
 
     if getattr(args, "overrides", None):
         os.environ["RL_ASSETS_SET"] = ";".join(args.overrides)
-    from pipelines.steps import load_project_params
+    from pipelines.params import load_project_params
     from rl_assets.core.config import ParamsError
 
     if refused := refuse_params_under_dvc():
@@ -320,7 +322,7 @@ def main(argv=None) -> int:
     try:  # fail on a bad params file, user code that does not load, a missing data source or a model that misfits its tokenizer before a run starts
         params = load_project_params()
         if args.command in ("run", "materialize"):
-            from pipelines.steps import project_params
+            from pipelines.params import project_params
             from rl_assets.run.preflight import preflight
 
             preflight(params, project_params().path, getattr(args, "keys", None))
@@ -331,7 +333,7 @@ def main(argv=None) -> int:
         from pipelines.definitions import defs
         from pipelines.dvc import dvc_yaml_text
 
-        text = dvc_yaml_text(defs.resolve_asset_graph())
+        text = dvc_yaml_text(defs().resolve_asset_graph())
         current = Path("dvc.yaml").read_text() if Path("dvc.yaml").is_file() else ""
         if args.check:
             if current != text:

@@ -14,17 +14,20 @@ from typing import Iterator
 from dagster import (AssetCheckResult, AssetExecutionContext, DagsterEventType, DataVersion, MaterializeResult, PipesSubprocessClient,
                      multi_asset)
 
-from pipelines.assets import COMPUTE_TAGS, TRAINING_RETRY, base_checkpoint_spec, evaluation_spec
+from pipelines.assets import TRAINING_RETRY, base_checkpoint_spec, compute_tags, evaluation_spec
 from pipelines.checks import guard_specs
 from pipelines.promotion import promoted_model_spec
+from pipelines.params import ParamsResource, asset_key
 from pipelines.rounds import round_specs
-from pipelines.steps import ParamsResource, asset_key, run_compute
+from pipelines.steps import run_compute
+from rl_assets.core.config import Params
 from rl_assets.core.paths import flow_order, output_key
 
 
-def compute_asset(rounds: int):
+def compute_asset(params: Params):
     """Every output that needs a model, as one op that can be subset; each keeps its own guards as blocking or warning checks."""
-    specs = [base_checkpoint_spec(), *(spec for n in range(1, rounds + 1) for spec in round_specs(n)), evaluation_spec(rounds), promoted_model_spec()]
+    specs = [base_checkpoint_spec(params), *(spec for n in range(1, params.rounds + 1) for spec in round_specs(n, params)),
+             evaluation_spec(params), promoted_model_spec()]
 
     @multi_asset(
         name="compute",
@@ -32,7 +35,7 @@ def compute_asset(rounds: int):
         check_specs=[check for spec in specs for check in guard_specs(spec.key)],
         can_subset=True,
         pool="gpu",
-        op_tags=COMPUTE_TAGS,
+        op_tags=compute_tags(params.compute),
         retry_policy=TRAINING_RETRY,
     )
     def compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult | AssetCheckResult]:

@@ -1,32 +1,48 @@
 """The rl-assets code location: the asset graph in flow order (each asset with its guards), the job, its triggers, executor and resources.
 
-Loads without importing torch, transformers or trl (each UI reload and schedule tick loads it).
+Built when Dagster loads it (`defs`, a `@dagster.definitions` function), not at import: the params are read
+then, once, and passed to every factory. Loads without importing torch, transformers or trl (each UI
+reload and schedule tick loads it).
 """
 
 import logging
 
-from dagster import (AssetSelection, Definitions, PipesSubprocessClient, colored_console_logger, define_asset_job, logger,
+from dagster import (AssetSelection, Definitions, PipesSubprocessClient, colored_console_logger, define_asset_job, definitions, logger,
                      multiprocess_executor)
 
-from pipelines.assets import prompts, raw_data
+from pipelines.assets import data_assets
 from pipelines.compute import compute_asset
+from pipelines.params import load_project_params, project_params
 from pipelines.reward_model import reward_model_asset
 from pipelines.schedules import raw_data_sensor, retrain_schedule
-from pipelines.steps import load_project_params, project_params
-
-
-PARAMS = load_project_params()
-ROUNDS = PARAMS.rounds
-
-assets = [raw_data, prompts, compute_asset(ROUNDS)]  # every model step in one resident op (pipelines/compute.py)
-if (reward_model := reward_model_asset()) is not None:  # only when params configure one
-    assets.append(reward_model)
-if PARAMS.owners:  # who to ask about an asset, shown on every asset in the UI
-    assets = [a.map_asset_specs(lambda spec: spec.replace_attributes(owners=PARAMS.owners)) for a in assets]
+from rl_assets.core.config import Params
 
 # Runs that write the project's data queue behind each other (dagster.yaml limits this tag to one at a time).
 rl_pipeline = define_asset_job("rl_pipeline", selection=AssetSelection.all(), tags={"rl_assets/writes": "data"},
                                description="raw data to evaluated checkpoints, every round, then promotion.")
+
+
+@definitions
+def defs() -> Definitions:
+    """The project's code location for its params ($RL_ASSETS_PARAMS, $RL_ASSETS_SET: `pipelines.params.project_params`)."""
+    return build_definitions(load_project_params())
+
+
+def build_definitions(params: Params) -> Definitions:
+    assets = [*data_assets(params), compute_asset(params)]  # every model step in one resident op (pipelines/compute.py)
+    if (reward_model := reward_model_asset(params)) is not None:  # only when params configure one
+        assets.append(reward_model)
+    if params.owners:  # who to ask about an asset, shown on every asset in the UI
+        assets = [a.map_asset_specs(lambda spec: spec.replace_attributes(owners=params.owners)) for a in assets]
+    return Definitions(
+        assets=assets,
+        jobs=[rl_pipeline],
+        schedules=[retrain_schedule(params)],
+        sensors=[raw_data_sensor(params)],
+        executor=executor(params),
+        resources={"pipes": PipesSubprocessClient(), "params": project_params()},
+        loggers={"brief_console": brief_console},
+    )
 
 
 def executor(params):
@@ -71,14 +87,3 @@ def brief_console(init_context):
     console = colored_console_logger.logger_fn(init_context)
     console.addFilter(without_stack_trace)
     return console
-
-
-defs = Definitions(
-    assets=assets,
-    jobs=[rl_pipeline],
-    schedules=[retrain_schedule(PARAMS)],
-    sensors=[raw_data_sensor],
-    executor=executor(PARAMS),
-    resources={"pipes": PipesSubprocessClient(), "params": project_params()},
-    loggers={"brief_console": brief_console},
-)

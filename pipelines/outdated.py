@@ -18,8 +18,6 @@ badge for this graph (every asset has a code version and a data version), withou
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import functools
 from graphlib import TopologicalSorter
 from pathlib import Path

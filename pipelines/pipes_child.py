@@ -15,7 +15,7 @@ A step that raises says whether a retry could help. The child prints the traceba
 exits with DETERMINISTIC_EXIT (the same inputs would fail again: bad params, data or state, a shape
 error, a reward that raises, any bug) or TRANSIENT_EXIT (out of device memory, a collective or network
 that timed out or lost a peer). A process killed by a signal (the OOM killer, a preemption) writes
-nothing. `pipelines.steps.run_compute` turns the verdict into Dagster's retry decision.
+nothing. `pipelines.failures.step_failure` turns the verdict into Dagster's retry decision.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ delete it before each rerun.
 
 from dagster import AssetSpec
 
-from pipelines.steps import asset_key
+from pipelines.params import asset_key
 
 
 def promoted_model_spec() -> AssetSpec:

@@ -8,13 +8,15 @@ from typing import Iterator
 
 from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, PipesSubprocessClient, asset
 
-from pipelines.assets import COMPUTE_TAGS, stage_tracking
-from pipelines.steps import ParamsResource, asset_key, load_project_params, run_compute
+from pipelines.assets import compute_tags, stage_tracking
+from pipelines.params import ParamsResource, asset_key
+from pipelines.steps import run_compute
+from rl_assets.core.config import Params
 
 
-def reward_model_asset() -> AssetsDefinition | None:
+def reward_model_asset(params: Params) -> AssetsDefinition | None:
     """The asset, or None when params configure no reward model."""
-    configured = load_project_params().reward_model
+    configured = params.reward_model
     if configured is None:
         return None
 
@@ -24,9 +26,9 @@ def reward_model_asset() -> AssetsDefinition | None:
         group_name="reward_model",
         kinds={"pytorch"},
         pool="gpu",
-        op_tags=COMPUTE_TAGS,
+        op_tags=compute_tags(params.compute),
         description="A sequence-classification reward model trained with TRL's RewardTrainer on chosen/rejected pairs.",
-        **stage_tracking("reward_model", [configured.preference_data]),
+        **stage_tracking("reward_model", params, [configured.preference_data]),
     )
     def reward_model(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult]:
         yield from run_compute(context, pipes, params, ["reward_model"])
@@ -34,7 +36,6 @@ def reward_model_asset() -> AssetsDefinition | None:
     return reward_model
 
 
-def uses_reward_model() -> bool:
+def uses_reward_model(params: Params) -> bool:
     """Whether a reward function scores with the trained reward model (its rewards then depend on the asset)."""
-    params = load_project_params()
     return params.reward_model is not None and any(f.name == "reward_model" for f in params.rewards.functions)

@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dagster import DefaultScheduleStatus, DefaultSensorStatus, RunRequest, ScheduleDefinition, SensorEvaluationContext, SkipReason, sensor
 
-from pipelines.steps import load_project_params
+from pipelines.params import load_project_params
 from rl_assets.core.config import Params
 from rl_assets.core.storage import content_hash
 
@@ -30,15 +30,20 @@ def retrain_schedule(params: Params) -> ScheduleDefinition:
                               description=f"Retrain on the cron of schedule.cron ({params.schedule.cron}, UTC).")
 
 
-@sensor(job_name="rl_pipeline", minimum_interval_seconds=60,
-        default_status=DefaultSensorStatus.RUNNING if load_project_params().schedule.watch_raw_data else DefaultSensorStatus.STOPPED,
-        description="Retrain when the raw data files change; the first tick records the current version without a run.")
-def raw_data_sensor(context: SensorEvaluationContext):
-    version = raw_data_version(load_project_params())
-    if context.cursor is None:
+def raw_data_sensor(params: Params):
+    """The sensor on the raw data version, on when `schedule.watch_raw_data` says so; each tick reads the project's params afresh."""
+
+    @sensor(name="raw_data_sensor", job_name="rl_pipeline", minimum_interval_seconds=60,
+            default_status=DefaultSensorStatus.RUNNING if params.schedule.watch_raw_data else DefaultSensorStatus.STOPPED,
+            description="Retrain when the raw data files change; the first tick records the current version without a run.")
+    def tick(context: SensorEvaluationContext):
+        version = raw_data_version(load_project_params())
+        if context.cursor is None:
+            context.update_cursor(version)
+            return SkipReason(f"recorded raw data version {version}; a run starts when it changes")
+        if context.cursor == version:
+            return SkipReason(f"raw data unchanged ({version})")
         context.update_cursor(version)
-        return SkipReason(f"recorded raw data version {version}; a run starts when it changes")
-    if context.cursor == version:
-        return SkipReason(f"raw data unchanged ({version})")
-    context.update_cursor(version)
-    return RunRequest(run_key=f"raw-data-{version}", tags={"rl_assets/raw_data_version": version})
+        return RunRequest(run_key=f"raw-data-{version}", tags={"rl_assets/raw_data_version": version})
+
+    return tick

@@ -4,8 +4,11 @@ The library is grouped by the flow (core, data, rollout, rewards, train, eval, s
 Dagster, which lives in `pipelines`. Modules of the flat layout before 0.2 fail to import with their new path.
 """
 
+import ast
 import importlib.abc
+import importlib.util
 import sys
+from pathlib import Path
 
 __version__ = "0.2.0"
 
@@ -31,7 +34,7 @@ MOVED = {
 
 class _MovedModule(importlib.abc.MetaPathFinder):
     """Asked last, so only for a module that no longer exists: name where it went (`rl_assets.train` and `rl_assets.serve`
-    are packages now, so their old functions are found under train.policy_gradient and serve.app)."""
+    are packages now: `moved_name` names where their old functions went)."""
 
     def find_spec(self, fullname, path=None, target=None):
         old = fullname.removeprefix("rl_assets.")
@@ -42,3 +45,18 @@ class _MovedModule(importlib.abc.MetaPathFinder):
 
 if not any(isinstance(finder, _MovedModule) for finder in sys.meta_path):
     sys.meta_path.append(_MovedModule())
+
+
+def moved_name(package: str, name: str):
+    """For a package's module `__getattr__`: a name of the 0.1 module the package replaced fails naming its new module.
+
+    The new module's source is read, not imported (it may import torch); any other name is a plain AttributeError.
+    """
+    module = f"rl_assets.{MOVED[package.removeprefix('rl_assets.')]}"
+    if not name.startswith("_"):
+        source = Path(importlib.util.find_spec(module).origin).read_text()
+        defined = {n.name for n in ast.parse(source).body if isinstance(n, (ast.FunctionDef, ast.ClassDef))}
+        if name in defined:
+            raise ImportError(f"cannot import name {name!r} from {package!r}: since rl-assets 0.2 it is {module}.{name}", name=package)
+    raise AttributeError(f"module {package!r} has no attribute {name!r}")
+

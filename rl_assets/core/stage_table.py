@@ -85,14 +85,16 @@ def stage_params(stage: str, params) -> list[str]:
 
 
 def project_code(stage: str) -> list[str]:
-    """The files of `stage`'s declared code with the __init__.py of their packages, relative to the working directory (the
-    project root) when inside it, else absolute.
+    """The files of `stage`'s declared code with the __init__.py of their packages: as the project at the working directory
+    has them (`rl_assets/...`, what DVC lists and hashes), or absolute when the package is installed elsewhere.
 
     >>> project_code("prompts")
     ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/config.py', 'rl_assets/core/schemas.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/data/__init__.py', 'rl_assets/data/prompts.py']
     """
-    cwd = os.getcwd()
-    return [_relative_to(path, cwd) for path in _expanded(STAGE_TABLE[stage].code)]
+    files = _expanded(STAGE_TABLE[stage].code)
+    if (Path.cwd() / PACKAGE).is_dir():  # the project's own copy of the code (a run's cwd is its root)
+        return list(files)
+    return [(PROJECT / path).as_posix() for path in files]
 
 
 @lru_cache(maxsize=64)
@@ -112,7 +114,7 @@ def _expanded(code: tuple[str, ...]) -> tuple[str, ...]:
         for file in found:
             files.add(file)
             files.update(parent / "__init__.py" for parent in file.parents if parent == package or package in parent.parents)
-    return tuple(sorted(str(file) for file in files))
+    return tuple(sorted(file.relative_to(PROJECT).as_posix() for file in files))
 
 
 def user_module_file(name: str) -> str | None:

@@ -28,11 +28,17 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rl_assets.r
     parser.add_argument("--round", type=int, default=None, help="round number N for a round's stage")
     parser.add_argument("--params", default=os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--resolved-params", metavar="FILE", help="params already resolved by the orchestrator (JSON of every field: "
+                        "file, ${VAR} and --set applied once), instead of --params and --set")
     args = parser.parse_args(argv)
+    if args.resolved_params and args.overrides:
+        parser.error("--resolved-params already has the overrides applied; --set goes with --params")
     # A stage's name runs that stage; anything else is asset keys ("evaluation" is both: the key, with its guards).
     args.stage = args.outputs[0] if len(args.outputs) == 1 and args.outputs[0] in COMPUTE_STAGES and not _is_key(args.outputs[0]) else None
     if args.stage is None and args.round is not None:
         parser.error("--round goes with a stage name (sft, rollouts, rewards, train, ...); asset keys name their round (r02/rollouts)")
+    if args.resolved_params:  # validated as they are: the orchestrator's ${VAR} values, never this process's environment
+        return args, Params.model_validate_json(Path(args.resolved_params).read_text())
     return args, load_params(args.params, args.overrides)
 
 

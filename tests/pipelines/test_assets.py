@@ -21,7 +21,7 @@ SPLITS = ("sft", "rl", "eval")
 def materialized(micro_template, tmp_path_factory):
     """raw_data then prompts, called as plain functions with the project's params, cwd = a private copy."""
     assets = import_pipelines("pipelines.assets")
-    from pipelines.steps import ParamsResource
+    from pipelines.params import ParamsResource
 
     project = copy_project(micro_template, tmp_path_factory.mktemp("assets") / "project")
     params = ParamsResource(path=str(project / "params.yaml"))
@@ -31,7 +31,7 @@ def materialized(micro_template, tmp_path_factory):
         for name in ("DVC_STAGE", "RL_ASSETS_DVC_COMMIT", "RL_ASSETS_DVC"):
             patch.delenv(name, raising=False)
         results = {}
-        for asset in (assets.raw_data, assets.prompts):
+        for asset in assets.data_assets(params.load()):
             with build_asset_context() as context:
                 results[asset.key.to_user_string()] = list(asset(context, params=params))[0]  # then its guards' results
     return project, results

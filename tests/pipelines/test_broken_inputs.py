@@ -35,15 +35,17 @@ def params_text(case: dict) -> str:
 
 
 def run_raw_data(assets, project: Path):
-    from pipelines.steps import ParamsResource
+    from pipelines.params import ParamsResource
 
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
         patch.setenv("DAGSTER_HOME", str(project / ".dagster"))
         for name in ("DVC_STAGE", "RL_ASSETS_DVC_COMMIT", "RL_ASSETS_DVC", "RL_ASSETS_SET"):
             patch.delenv(name, raising=False)
+        params = ParamsResource(path="params.yaml", overrides=[])
+        raw_data, _ = assets.data_assets(params.load())
         with build_asset_context() as context:  # the body yields its materialization (and guards), then may raise
-            return list(assets.raw_data(context, params=ParamsResource(path="params.yaml", overrides=[])))[0]
+            return list(raw_data(context, params=params))[0]
 
 
 def snapshot(project: Path) -> dict[str, bytes]:
@@ -108,7 +110,7 @@ def test_skipped_bad_rows_are_counted_and_sampled(assets, reference, tmp_path, c
 
 
 def test_chat_template_on_a_tokenizer_without_one_stops_prompts_and_writes_nothing(assets, reference, tmp_path):
-    from pipelines.steps import ParamsResource
+    from pipelines.params import ParamsResource
     from rl_assets.data.prompts import ChatTemplateError
 
     project = project_for({"sources": GOOD_SOURCES}, reference, tmp_path)
@@ -117,6 +119,8 @@ def test_chat_template_on_a_tokenizer_without_one_stops_prompts_and_writes_nothi
     before = snapshot(project)
     with pytest.MonkeyPatch.context() as patch, build_asset_context() as context:
         patch.chdir(project)
+        resource = ParamsResource(path="params.yaml", overrides=[])
+        _, prompts = assets.data_assets(resource.load())
         with pytest.raises(ChatTemplateError, match=r"^prompts\.chat_template: the policy tokenizer \(\w+\) has no chat template"):
-            list(assets.prompts(context, params=ParamsResource(path="params.yaml", overrides=[])))
+            list(prompts(context, params=resource))
     assert snapshot(project) == before

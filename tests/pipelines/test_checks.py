@@ -36,7 +36,7 @@ def stand_ins(rounds: int) -> list:
 
 def run_checks(root, monkeypatch):
     """(materialized asset keys, {(asset, check): evaluation}) of one in-process run over the fake project."""
-    from pipelines.steps import ParamsResource
+    from pipelines.params import ParamsResource
 
     monkeypatch.chdir(root)
     result = materialize(stand_ins(ROUNDS), resources={"params": ParamsResource(path=str(root / "params.yaml"))},

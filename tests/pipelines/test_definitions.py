@@ -20,11 +20,18 @@ def key(text: str) -> AssetKey:
 
 @pytest.fixture(scope="module")
 def graph():
-    return import_pipelines("pipelines.definitions").defs.resolve_asset_graph()
+    return import_pipelines("pipelines.definitions").defs().resolve_asset_graph()
+
+
+def test_importing_definitions_reads_no_params_and_building_them_reads_them_once():
+    """Importing the modules reads neither the environment nor params.yaml; Dagster builds the code location when it loads it."""
+    code = "import pipelines.definitions as d, pipelines.steps, pipelines.cli; print('imported'); d.defs()"
+    done = python(["-c", code], REPO, timeout=120, check=False, RL_ASSETS_PARAMS="no-such-params.yaml")
+    assert done.stdout.strip() == "imported" and "no-such-params.yaml: file not found" in done.stderr
 
 
 def test_importing_definitions_does_not_import_torch_transformers_or_trl():
-    code = ("import json, sys; import pipelines.definitions as d; assert d.defs; "
+    code = ("import json, sys; import pipelines.definitions as d; assert d.defs().resolve_asset_graph(); "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'trl'})))")
     done = python(["-c", code], REPO, timeout=120)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
@@ -76,8 +83,8 @@ def test_compute_assets_are_in_the_gpu_pool_and_table_assets_are_not(graph):
 
 
 def test_compute_ops_declare_their_gpu_need_in_tags():
-    code = ("import json; from pipelines.definitions import defs; g = defs.resolve_asset_graph(); "
-            "print(json.dumps({k.to_user_string(): defs.resolve_assets_def(k).op.tags for k in g.get_all_asset_keys() if g.get(k).pools}))")
+    code = ("import json; from pipelines.definitions import defs; d = defs(); g = d.resolve_asset_graph(); "
+            "print(json.dumps({k.to_user_string(): d.resolve_assets_def(k).op.tags for k in g.get_all_asset_keys() if g.get(k).pools}))")
     done = python(["-c", code], REPO, timeout=120, RL_ASSETS_SET="compute.gpus_per_step=2")
     tags = json.loads(done.stdout.strip().splitlines()[-1])
     assert tags, "no compute ops found"

@@ -8,7 +8,6 @@ rows for every checkpoint, never an accuracy (runs differ across machines).
 
 from __future__ import annotations
 
-from pathlib import Path
 
 import pytest
 import yaml

@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from conftest import DVC, NO_DVC_REASON, import_pipelines, python
+from rl_assets.core.config import load_params
 
 SYNC = "run `rl-assets dvc-sync` (or `make dvc-sync`) to regenerate it from the graph"
 
@@ -61,7 +62,10 @@ def test_a_run_with_fewer_rounds_than_dvc_yaml_names_dvc_sync_once(micro_copy):
     set_rounds(micro_copy, 2)
     python(["-m", "pipelines", "dvc-sync"], micro_copy, timeout=180)  # dvc.yaml for 2 rounds ...
     set_rounds(micro_copy, 1)  # ... and a 1-round run
-    evaluation = import_pipelines("pipelines.compute").compute_asset(1)
+    compute = import_pipelines("pipelines.compute")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.chdir(micro_copy)  # the asset graph of the 1-round params
+        evaluation = compute.compute_asset(load_params("params.yaml"))
     warnings = record(micro_copy, "evaluation", evaluation)
     assert len(warnings) == 1
     assert warnings[0].startswith("dvc.yaml is out of date (rounds or sources changed since it was written): its stage 'evaluation' "

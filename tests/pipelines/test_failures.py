@@ -19,7 +19,8 @@ from dagster import (AssetExecutionContext, DagsterEventType, DagsterInstance, F
 
 from pipelines.cli import failure_report
 from pipelines.pipes_child import DETERMINISTIC_EXIT, TRANSIENT_EXIT, classify, error_line
-from pipelines.steps import ComputeStepCrashed, run_child, step_failure
+from pipelines.failures import ComputeStepCrashed, step_failure
+from pipelines.steps import run_child
 from rl_assets.core.config import ParamsError
 from rl_assets.train.train_state import TrainStateMismatch
 from conftest import REPO, python

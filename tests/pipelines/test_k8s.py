@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import REPO, python
-from pipelines.steps import ParamsResource, compute_command
+from pipelines.steps import compute_command
 from rl_assets.core.config import ComputeParams
 
 pytest.importorskip("dagster_k8s", reason="dagster-k8s is the optional [k8s] extra")
@@ -18,8 +18,8 @@ import json
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 import pipelines.definitions as d
 
-out = {"executor": d.defs.executor.name}
-for node in d.defs.resolve_job_def("rl_pipeline").graph.node_defs:
+out = {"executor": d.defs().executor.name}
+for node in d.defs().resolve_job_def("rl_pipeline").graph.node_defs:
     tags = {k: v if isinstance(v, str) else json.dumps(v) for k, v in node.tags.items()}
     config = DagsterK8sJobConfig(job_image="registry.example/rl-assets:1", dagster_home="/opt/dagster/home", instance_config_map="dagster-instance")
     job = construct_dagster_k8s_job(config, ["dagster", "api", "execute_step"], "job-" + node.name.replace("_", "-")[:40],
@@ -54,12 +54,12 @@ def test_default_params_run_on_the_multiprocess_executor_without_gpu_requests():
     assert specs["compute"]["limits"] == {}
 
 
-RESOURCE = ParamsResource(path="params.yaml", overrides=["train.epochs=1"])
+RESOURCE = "/tmp/rl-assets-params-x/params.json"  # the step's resolved params (pipelines.steps.resolved_params_file)
 
 
 def test_one_process_steps_run_plain_python():
     command = compute_command(["r03/rollouts", "r03/rewards"], RESOURCE, ComputeParams(nproc=4))
-    assert command[1:] == ["-m", "pipelines.pipes_child", "r03/rollouts", "r03/rewards", "--params", "params.yaml", "--set", "train.epochs=1"]
+    assert command[1:] == ["-m", "pipelines.pipes_child", "r03/rollouts", "r03/rewards", "--resolved-params", RESOURCE]
 
 
 def test_several_processes_use_standalone_torchrun():

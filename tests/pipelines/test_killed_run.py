@@ -9,7 +9,6 @@ import random
 import signal
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 from dagster import AssetKey, DagsterInstance, DagsterRunStatus

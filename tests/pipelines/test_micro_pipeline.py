@@ -26,18 +26,19 @@ def pipeline(micro_template, tmp_path_factory):
     """(project, {asset key: AssetMaterialization}) after one in-process run of every micro asset."""
     assets = import_pipelines("pipelines.assets")
     compute = import_pipelines("pipelines.compute")
-    from pipelines.steps import ParamsResource
+    from pipelines.params import ParamsResource
 
     project = copy_project(micro_template, tmp_path_factory.mktemp("materialize") / "project")
-    definitions = [assets.raw_data, assets.prompts, compute.compute_asset(ROUNDS)]
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
+        params = ParamsResource(path=str(project / "params.yaml"))
+        definitions = [*assets.data_assets(params.load()), compute.compute_asset(params.load())]
         patch.syspath_prepend(str(project))  # the 'micro_rewards:digit_share' reward runs in this process
         patch.setenv("RL_ASSETS_DVC_COMMIT", "0")  # DVC recording is test_dvc's business
         patch.setenv("HF_HUB_OFFLINE", "1")
         patch.delenv("DVC_STAGE", raising=False)
         result = materialize(definitions, selection=list(MICRO_OUTPUTS), resources={"pipes": PipesSubprocessClient(),  # not the promotion
-                                                                                     "params": ParamsResource(path=str(project / "params.yaml"))})
+                                                                                     "params": params})
     assert result.success
     events = {e.asset_key.to_user_string(): e.materialization for e in result.get_asset_materialization_events()}
     return project, events

@@ -1,7 +1,7 @@
 """The Pipes message reader of compute steps reads a message only once its whole line is in the file.
 
 The child's Pipes writer appends a long message in pieces; a reader that parses half a line dies and every later
-message of the step is lost (Dagster's own file reader did, under load: see pipelines.steps.WholeLineMessageReader).
+message of the step is lost (Dagster's own file reader did, under load: see pipelines.pipes_reader.WholeLineMessageReader).
 """
 
 import json
@@ -11,7 +11,7 @@ import time
 import pytest
 from dagster import PipesSubprocessClient, PipesTempFileMessageReader
 
-from pipelines.steps import WholeLineMessageReader, _message_reader, whole_lines
+from pipelines.pipes_reader import WholeLineMessageReader, message_reader, whole_lines
 
 
 class Handler:
@@ -57,11 +57,11 @@ def test_the_lines_written_before_the_session_closes_are_all_read_and_a_last_hal
 
 
 def test_only_dagsters_default_reader_is_replaced():
-    assert isinstance(_message_reader(PipesSubprocessClient()), WholeLineMessageReader)
+    assert isinstance(message_reader(PipesSubprocessClient()), WholeLineMessageReader)
     # Dagster's file reader in any configuration (its options are private: not carried over; this project sets none)
-    assert isinstance(_message_reader(PipesSubprocessClient(message_reader=PipesTempFileMessageReader())), WholeLineMessageReader)
+    assert isinstance(message_reader(PipesSubprocessClient(message_reader=PipesTempFileMessageReader())), WholeLineMessageReader)
     custom = WholeLineMessageReader()
-    assert _message_reader(PipesSubprocessClient(message_reader=custom)) is custom
+    assert message_reader(PipesSubprocessClient(message_reader=custom)) is custom
 
 
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnhandledThreadExceptionWarning")  # its reader thread dies: the bug

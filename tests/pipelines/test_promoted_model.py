@@ -13,13 +13,14 @@ from rl_assets.core.checkpoints import read_lineage
 
 def test_promoted_model_asset_promotes_the_best_checkpoint(tmp_path, monkeypatch):
     compute = import_pipelines("pipelines.compute")
-    from pipelines.steps import ParamsResource
+    from pipelines.params import ParamsResource
 
     root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.6, 2: 0.5})
     monkeypatch.chdir(root)
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the child imports this checkout's code from the fake project
-    result = materialize([compute.compute_asset(2)], selection=["promoted_model"],
-                         resources={"pipes": PipesSubprocessClient(), "params": ParamsResource(path="params.yaml")})
+    params = ParamsResource(path="params.yaml")
+    result = materialize([compute.compute_asset(params.load())], selection=["promoted_model"],
+                         resources={"pipes": PipesSubprocessClient(), "params": params})
     assert result.success
     [event] = result.get_asset_materialization_events()
     metadata = {k: getattr(v, "value", v) for k, v in event.materialization.metadata.items()}
@@ -31,7 +32,7 @@ def test_promoted_model_asset_promotes_the_best_checkpoint(tmp_path, monkeypatch
 
 def test_a_promoted_warm_start_makes_the_promoted_model_an_input_of_the_r00_stage():
     code = ("from pipelines.definitions import defs; from pipelines.dvc import dvc_yaml_text; import yaml; "
-            "print(yaml.safe_load(dvc_yaml_text(defs.resolve_asset_graph()))['stages']['r00-checkpoint'])")
+            "print(yaml.safe_load(dvc_yaml_text(defs().resolve_asset_graph()))['stages']['r00-checkpoint'])")
     base = python(["-c", code], REPO, timeout=120).stdout
     promoted = python(["-c", code], REPO, timeout=120, RL_ASSETS_SET="promotion.warm_start=promoted").stdout
     assert "models/promoted" not in base and "promotion.warm_start" not in base

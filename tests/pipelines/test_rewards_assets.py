@@ -31,7 +31,7 @@ def write_params(project, **sections) -> None:
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A project folder with params.yaml, data/raw and a stored r01/rollouts table; cwd is inside it."""
-    modules = {m: import_pipelines(f"pipelines.{m}") for m in ("compute", "reward_model", "steps", "outdated")}  # imported from the repo, as the code location is
+    modules = {m: import_pipelines(f"pipelines.{m}") for m in ("compute", "reward_model", "params", "outdated")}  # imported from the repo, as the code location is
     shutil.copytree(REPO / "data" / "raw", tmp_path / "data" / "raw")
     write_params(tmp_path)
     rows = [{"round": 1, "prompt_id": f"p{i // 2}", "sample_idx": i % 2, "prompt": "2+2=", "answer": "4", "extra": "{}",
@@ -81,13 +81,13 @@ def stale(instance, assets, key, modules):
 
 
 def resources(modules):
-    return {"params": modules["steps"].project_params(), "pipes": PipesSubprocessClient()}
+    return {"params": modules["params"].project_params(), "pipes": PipesSubprocessClient()}
 
 
 def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(project):
     path, modules = project
     instance = DagsterInstance.ephemeral()
-    before = [modules["compute"].compute_asset(1)]
+    before = [modules["compute"].compute_asset(modules["params"].load_project_params())]
     versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
     assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
@@ -97,12 +97,12 @@ def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(pro
 
     # another section changes: the rewards keep their code version
     write_params(path, rollouts={**micro_params()["rollouts"], "temperature": 0.5})
-    other = [modules["compute"].compute_asset(1)]
+    other = [modules["compute"].compute_asset(modules["params"].load_project_params())]
     assert stale(instance, other, REWARDS_KEY, modules) is None
 
     # only `rewards` changes: rewards is stale because its code version changed; rollouts is not
     write_params(path, rewards={"functions": [{"name": "arithmetic_answer", "weight": 2.0}]})
-    after = [modules["compute"].compute_asset(1)]
+    after = [modules["compute"].compute_asset(modules["params"].load_project_params())]
     assert stale(instance, after, REWARDS_KEY, modules).startswith("stale: its code version changed")
     assert stale(instance, after, ROLLOUTS_KEY, modules) is None
 
@@ -123,14 +123,14 @@ def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstre
                                         "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
     write_params(path, rewards={"functions": [{"name": "my_rewards:exact", "weight": 1.0}]})
     instance = DagsterInstance.ephemeral()
-    before = [modules["compute"].compute_asset(1)]
+    before = [modules["compute"].compute_asset(modules["params"].load_project_params())]
     versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
     assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
     assert stale(instance, before, REWARDS_KEY, modules) is None
 
     (path / "my_rewards.py").write_text((path / "my_rewards.py").read_text().replace("c.strip() == a", "a in c"))  # the regex edit of the issue
-    after = [modules["compute"].compute_asset(1)]
+    after = [modules["compute"].compute_asset(modules["params"].load_project_params())]
     assert stale(instance, after, REWARDS_KEY, modules).startswith("stale: its code version changed")
     assert stale(instance, after, ROLLOUTS_KEY, modules) is None
     assert after[0].code_versions_by_key[ROLLOUTS_KEY] == versions[ROLLOUTS_KEY]
@@ -139,8 +139,8 @@ def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstre
 
 def test_no_reward_model_asset_unless_configured(project):
     _, modules = project
-    assert modules["reward_model"].reward_model_asset() is None
-    rewards = [modules["compute"].compute_asset(1)][0]
+    assert modules["reward_model"].reward_model_asset(modules["params"].load_project_params()) is None
+    rewards = [modules["compute"].compute_asset(modules["params"].load_project_params())][0]
     assert {d.asset_key for d in rewards.specs_by_key[REWARDS_KEY].deps} == {ROLLOUTS_KEY}
 
 
@@ -160,8 +160,8 @@ def test_reward_model_asset_trains_and_rewards_depend_on_it(project, preference_
                                      "learning_rate": 1e-2},
                  rewards={"functions": [{"name": "arithmetic_answer"},
                                         {"name": "reward_model", "weight": 0.0, "options": {"path": "data/reward_model", "temperature": 2.0}}]})
-    trained = modules["reward_model"].reward_model_asset()
-    round_one = [modules["compute"].compute_asset(1)]
+    trained = modules["reward_model"].reward_model_asset(modules["params"].load_project_params())
+    round_one = [modules["compute"].compute_asset(modules["params"].load_project_params())]
     assert trained.key == AssetKey("reward_model") and trained.group_names_by_key[trained.key] == "reward_model"
     assert {d.asset_key for d in round_one[0].specs_by_key[REWARDS_KEY].deps} == {ROLLOUTS_KEY, AssetKey("reward_model")}
 

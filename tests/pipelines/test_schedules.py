@@ -15,18 +15,19 @@ def test_sensor_records_the_raw_data_version_then_fires_once_per_change(tmp_path
     monkeypatch.chdir(root)
     monkeypatch.delenv("RL_ASSETS_PARAMS", raising=False)
     monkeypatch.delenv("RL_ASSETS_SET", raising=False)
+    sensor = schedules.raw_data_sensor(load_params(root / "params.yaml"))
 
     with build_sensor_context() as context:
-        first = schedules.raw_data_sensor(context)
+        first = sensor(context)
         version = context.cursor
     assert isinstance(first, SkipReason) and version in first.skip_message
 
     with build_sensor_context(cursor=version) as context:
-        assert isinstance(schedules.raw_data_sensor(context), SkipReason)
+        assert isinstance(sensor(context), SkipReason)
 
     (root / RAW).write_text((root / RAW).read_text() + '{"question": "2+2=", "solution": "4"}\n')
     with build_sensor_context(cursor=version) as context:
-        request = schedules.raw_data_sensor(context)
+        request = sensor(context)
         changed = context.cursor
     assert isinstance(request, RunRequest) and changed != version
     assert request.run_key == f"raw-data-{changed}" and request.tags["rl_assets/raw_data_version"] == changed
@@ -45,7 +46,7 @@ def test_schedule_takes_cron_and_switch_from_params(tmp_path):
 
 
 def test_code_location_has_the_triggers_off_by_default_and_guards_on_every_asset():
-    defs = import_pipelines("pipelines.definitions").defs
+    defs = import_pipelines("pipelines.definitions").defs()
     assert defs.resolve_schedule_def("retrain_schedule").default_status == DefaultScheduleStatus.STOPPED
     assert defs.resolve_sensor_def("raw_data_sensor").default_status == DefaultSensorStatus.STOPPED
     graph = defs.resolve_asset_graph()

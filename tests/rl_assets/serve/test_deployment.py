@@ -52,7 +52,7 @@ import json
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 import pipelines.definitions as d
 
-node = next(n for n in d.defs.resolve_job_def("rl_pipeline").graph.node_defs if n.name == "compute")
+node = next(n for n in d.defs().resolve_job_def("rl_pipeline").graph.node_defs if n.name == "compute")
 tags = {k: v if isinstance(v, str) else json.dumps(v) for k, v in node.tags.items()}
 config = DagsterK8sJobConfig(job_image="registry.example/rl-assets:1", dagster_home="/opt/dagster/home", instance_config_map="dagster-instance")
 job = construct_dagster_k8s_job(config, ["dagster", "api", "execute_step"], "job-train", user_defined_k8s_config=get_user_defined_k8s_config(tags))
