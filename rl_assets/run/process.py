@@ -22,15 +22,36 @@ def release_freed_memory() -> None:
         trim(0)
 
 
-@functools.cache
+M_MMAP_THRESHOLD = -3  # mallopt's parameter number in glibc's malloc.h
+LARGE_BLOCK = 128 * 1024  # glibc's own default threshold, kept fixed
+
+
+def free_large_blocks_at_once() -> None:
+    """Serve every allocation of 128 KiB or more (a tensor's storage) from its own mapping, so freeing it returns it at once.
+
+    glibc raises its mmap threshold to the size of each mapped block freed (up to 32 MiB): from then on tensors of
+    that size come from the heap and, once freed, stay in the process, so the activations of one micro-batch are
+    still held while the next allocates its own (a GRPO round of SmolLM2-135M here peaked 0.8 GB higher).
+    Setting the threshold turns the adjustment off (mallopt's documented M_MMAP_THRESHOLD); on another C library
+    this does nothing.
+    """
+    if (mallopt := _libc_function("mallopt")) is not None:
+        mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)
+
+
 def _malloc_trim():
-    """glibc's `malloc_trim`, looked up once per process (None on another C library)."""
+    return _libc_function("malloc_trim")
+
+
+@functools.cache
+def _libc_function(name: str):
+    """A glibc function by name, looked up once per process (None on another C library)."""
     import ctypes
     import ctypes.util
 
-    name = ctypes.util.find_library("c")
+    library = ctypes.util.find_library("c")
     try:
-        return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+        return getattr(ctypes.CDLL(library), name, None) if library else None
     except OSError:
         return None
 

@@ -269,9 +269,10 @@ def run_stage(stage: str, params: Params, round_number: int | None, root: Path, 
     # The heartbeat (read by /health and `rl-assets status`) and the process set-up shape no output: not in the stage table.
     from rl_assets.run.heartbeat import Heartbeat
     from rl_assets.run.loaded import Loaded
-    from rl_assets.run.process import quiet_step, release_freed_memory
+    from rl_assets.run.process import free_large_blocks_at_once, quiet_step, release_freed_memory
 
     quiet_step()
+    free_large_blocks_at_once()
     try:
         with Heartbeat(root, stage, round_number):
             return _run_stage(stage, params, round_number, root, loaded or Loaded())
