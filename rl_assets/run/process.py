@@ -31,9 +31,9 @@ def free_large_blocks_at_once() -> None:
 
     glibc raises its mmap threshold to the size of each mapped block freed (up to 32 MiB): from then on tensors of
     that size come from the heap and, once freed, stay in the process, so the activations of one micro-batch are
-    still held while the next allocates its own (a GRPO round of SmolLM2-135M here peaked 0.8 GB higher).
-    Setting the threshold turns the adjustment off (mallopt's documented M_MMAP_THRESHOLD); on another C library
-    this does nothing.
+    still held while the next allocates its own. Setting the threshold turns the adjustment off (mallopt's
+    documented M_MMAP_THRESHOLD); each such allocation then costs a mapping and fresh pages, so it is an option
+    (compute.return_freed_memory). On another C library this does nothing.
     """
     if (mallopt := _libc_function("mallopt")) is not None:
         mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)

@@ -272,7 +272,8 @@ def run_stage(stage: str, params: Params, round_number: int | None, root: Path, 
     from rl_assets.run.process import free_large_blocks_at_once, quiet_step, release_freed_memory
 
     quiet_step()
-    free_large_blocks_at_once()
+    if params.compute.return_freed_memory:
+        free_large_blocks_at_once()
     try:
         with Heartbeat(root, stage, round_number):
             return _run_stage(stage, params, round_number, root, loaded or Loaded())

@@ -32,3 +32,19 @@ def kept_after_free(mode: str) -> int:
 def test_a_freed_tensor_leaves_the_process_once_the_threshold_is_fixed():
     assert kept_after_free("default") >= 7  # MiB: glibc's adjustment keeps it (the behaviour the fix is for)
     assert kept_after_free("fixed") <= 1
+
+
+def test_a_step_fixes_the_threshold_only_when_params_ask(monkeypatch, tmp_path):
+    import pytest
+
+    import rl_assets.run.process as process
+    from rl_assets.core.config import load_params
+    from rl_assets.run.stages import run_stage
+
+    calls = []
+    monkeypatch.setattr(process, "free_large_blocks_at_once", lambda: calls.append(True))
+    for asked in (False, True):
+        params = load_params(REPO / "tests" / "micro_params.yaml", [f"compute.return_freed_memory={str(asked).lower()}"])
+        with pytest.raises(ValueError, match="unknown stage"):
+            run_stage("no_such_stage", params, None, tmp_path)
+    assert calls == [True]
