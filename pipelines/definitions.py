@@ -22,10 +22,21 @@ rl_pipeline = define_asset_job("rl_pipeline", selection=AssetSelection.all(), ta
                                description="raw data to evaluated checkpoints, every round, then promotion.")
 
 
+_built: tuple = (None, None)  # (params, their Definitions): the last build in this process
+
+
 @definitions
 def defs() -> Definitions:
-    """The project's code location for its params ($RL_ASSETS_PARAMS, $RL_ASSETS_SET: `pipelines.params.project_params`)."""
-    return build_definitions(load_project_params())
+    """The project's code location for its params ($RL_ASSETS_PARAMS, $RL_ASSETS_SET: `pipelines.params.project_params`).
+
+    Built again only when those params change: `load_project_params` gives the same object while the file, the
+    overrides and the environment are the same (the CLI asks several times in a run).
+    """
+    global _built
+    params = load_project_params()
+    if _built[0] is not params:
+        _built = (params, build_definitions(params))
+    return _built[1]
 
 
 def build_definitions(params: Params) -> Definitions:

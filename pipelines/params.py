@@ -64,9 +64,9 @@ def asset_key(key: str) -> AssetKey:
 
 
 def load_project_params() -> Params:
-    """The params that shape the graph (how many rounds), read when the code location loads.
+    """The project's params (`project_params`): what the code location is built from (pipelines.definitions.defs) and the CLI reads.
 
-    Every asset factory asks; the file is parsed once per content, overrides and environment.
+    Parsed once per file content, overrides, environment and working directory: the same object until one changes.
     """
     resource = project_params()
     path = Path(resource.path)

@@ -1,0 +1,26 @@
+"""bench/train_memory.py runs end to end on a tiny random Llama folder: both sides report a peak, a time and the ratios.
+
+No assertion on the ratios: it is a benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+
+from conftest import PYTHON, REPO
+from real_models import save_real_model
+
+SMALL = ["--set", "rollouts.prompts_per_round=2", "--set", "rollouts.samples_per_prompt=2", "--set", "train.minibatch_size=4",
+         "--set", "train.gradient_accumulation_steps=2", "--set", "train.drop_equal_reward_groups=false"]
+
+
+def test_train_memory_bench_reports_both_sides(tmp_path):
+    model = save_real_model(tmp_path / "model", "llama", hidden_size=32, generation_defaults={})
+    done = subprocess.run([PYTHON, str(REPO / "bench" / "train_memory.py"), "--model", str(model), *SMALL], cwd=REPO,
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
+    summary = json.loads(done.stdout.strip().splitlines()[-1])
+    for side in ("default", "fixed"):
+        assert summary[side]["peak_gb"] > 0 and summary[side]["seconds"] >= 0 and summary[side]["steps"] == 1
+    assert summary["peak_ratio"] > 0 and summary["time_ratio"] > 0
