@@ -46,7 +46,7 @@ def worker(model_path: str, params_path: str, overrides: list[str], fixed: bool)
     open("/proc/self/clear_refs", "w").write("5")  # the peak from here on: the round's, not the load's
     started = time.perf_counter()
     _, metrics, _, _ = train_on_rollouts(model, rollouts, rewards, params.train, group_size=group, temperature=params.rollouts.temperature,
-                                         pad_id=tokenizer.pad_token_id, seed=0, max_new_tokens=params.rollouts.max_new_tokens, progress=False)
+                                         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id, seed=0, max_new_tokens=params.rollouts.max_new_tokens, progress=False)
     seconds = time.perf_counter() - started
     status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
     return {"peak_gb": int(status["VmHWM"].split()[0]) / 1e6, "seconds": round(seconds, 1), "steps": metrics["steps"]}

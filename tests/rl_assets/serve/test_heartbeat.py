@@ -11,7 +11,11 @@ from pathlib import Path
 
 import pytest
 
+from rl_assets.core.config import load_params
 from rl_assets.run.heartbeat import HEARTBEATS, Heartbeat, running_steps, step_durations
+from rl_assets_support import REPO
+
+PARAMS = load_params(REPO / "tests" / "micro_params.yaml")  # what run_stage reads before the (stood-in) stage body
 
 # A compute step stand-in: heartbeat every 50 ms, the main thread either blocked (hung) or computing on one line.
 STEP = """
@@ -79,9 +83,9 @@ def test_a_compute_step_beats_while_it_runs_and_records_its_duration(tmp_path, m
         return {"rows": 1}, root
 
     monkeypatch.setattr(stages, "_run_stage", step_body)
-    assert stages.run_stage("evaluation", None, None, tmp_path) == ({"rows": 1}, tmp_path)
+    assert stages.run_stage("evaluation", PARAMS, None, tmp_path) == ({"rows": 1}, tmp_path)
     with pytest.raises(ValueError):
-        stages.run_stage("bad", None, 2, tmp_path)
+        stages.run_stage("bad", PARAMS, 2, tmp_path)
     assert [s[0]["stage"] for s in seen] == ["evaluation", "bad"] and seen[0][0]["pid"] == os.getpid()
     assert running_steps(tmp_path) == []
     durations = step_durations(tmp_path)
@@ -95,7 +99,7 @@ def test_run_stage_beats(tmp_path, monkeypatch):
 
     seen = []
     monkeypatch.setattr(stages, "_run_stage", lambda stage, params, n, root, loaded: seen.append(running_steps(root)) or ({}, root))
-    stages.run_stage("rollouts", None, 2, tmp_path)
+    stages.run_stage("rollouts", PARAMS, 2, tmp_path)
     assert [(step["stage"], step["round"]) for step in seen[0]] == [("rollouts", 2)]
     assert running_steps(tmp_path) == []
 
