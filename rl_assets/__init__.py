@@ -4,11 +4,8 @@ The library is grouped by the flow (core, data, rollout, rewards, train, eval, s
 Dagster, which lives in `pipelines`. Modules of the flat layout before 0.2 fail to import with their new path.
 """
 
-import ast
 import importlib.abc
-import importlib.util
 import sys
-from pathlib import Path
 
 __version__ = "0.2.0"
 
@@ -52,6 +49,10 @@ def moved_name(package: str, name: str):
 
     The new module's source is read, not imported (it may import torch); any other name is a plain AttributeError.
     """
+    import ast
+    import importlib.util
+    from pathlib import Path
+
     module = f"rl_assets.{MOVED[package.removeprefix('rl_assets.')]}"
     if not name.startswith("_"):
         source = Path(importlib.util.find_spec(module).origin).read_text()

@@ -18,7 +18,7 @@ def release_freed_memory() -> None:
     import gc
 
     gc.collect()
-    if (trim := _malloc_trim()) is not None:
+    if (trim := _libc_function("malloc_trim")) is not None:
         trim(0)
 
 
@@ -37,10 +37,6 @@ def free_large_blocks_at_once() -> None:
     """
     if (mallopt := _libc_function("mallopt")) is not None:
         mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)
-
-
-def _malloc_trim():
-    return _libc_function("malloc_trim")
 
 
 @functools.cache

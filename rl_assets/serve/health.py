@@ -31,12 +31,9 @@ class StatusCache:
         self._refreshing = False
 
     def refresh(self) -> None:
-        if self.command is None:
-            self.fetched = time.time()
-            self._refreshing = False
-            self._first.set()
-            return
         try:
+            if self.command is None:  # no orchestrator's status: /health tells from the files alone
+                return
             done = subprocess.run(self.command, cwd=self.root, capture_output=True, text=True, timeout=120,
                                   env={**os.environ, "PYTHONPATH": os.pathsep.join([str(self.root), os.environ.get("PYTHONPATH", "")])})
             start = done.stdout.find("{")  # exit 1 means unhealthy and still prints the JSON
