@@ -2,11 +2,12 @@
 
     .venv/bin/python bench/memory.py [--sequences 16] [--prompt-tokens 100] [--completion-tokens 256] [--vocab 151936]
                                      [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--intermediate 128]
+                                     [--model DIR] [--gradient-checkpointing]
                                      [--group-size 4] [--threads 1] [--cases logprobs,train] [--rss-limit-gib G]
                                      [--rl-assets-from DIR] [--json PATH]
 
 The model is a randomly initialised Qwen2 (`Qwen2Config`, by default the real 151,936-token vocabulary
-and a tiny body), fp32 on CPU; the batch is N sequences of P random prompt ids + C random completion
+and a tiny body), or with --model a real one's folder (SmolLM2-135M-Instruct from `make real-model`), fp32 on CPU; the batch is N sequences of P random prompt ids + C random completion
 ids, no padding. Two cases, each side of each case in a fresh process (`memory.py --worker CASE`) so
 peak-RSS high-water marks never mix:
 
@@ -104,6 +105,12 @@ def build_model(args):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    if args.model:  # a real model's folder (e.g. SmolLM2 from `make real-model`), fp32 as the example trains it
+        from rl_assets.core.policy import load_policy
+
+        model, _ = load_policy(args.model, "cpu", torch.float32)
+        model.train()
+        return model
     config = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
                          num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
                          max_position_embeddings=max(args.prompt_tokens + args.completion_tokens, 128), tie_word_embeddings=args.tie_embeddings,
@@ -189,7 +196,7 @@ def setup_rl_assets_train(args):
                         "policy_id": rollouts["policy_id"], "reward": rewards_per_sequence(args), "reward_config_hash": ["c"] * n,
                         "rollouts_hash": ["h"] * n}, schema=rewards_schema([]))
     params = TrainParams(algorithm="grpo", loss_type="grpo", learning_rate=args.lr, epochs=1, minibatch_size=n, mixed_precision="no",
-                         gradient_checkpointing=False, beta=0.0, save_steps=0)
+                         gradient_checkpointing=args.gradient_checkpointing, beta=0.0, save_steps=0)
 
     def case():
         _, metrics, _, _ = train_on_rollouts(model, rollouts, rewards, params, group_size=G, temperature=args.temperature, pad_id=0, seed=0,
@@ -207,11 +214,16 @@ def build_trl_trainer(args, model, output_dir: str):
 
     config = GRPOConfig(
         output_dir=output_dir, use_cpu=True, bf16=False, fp16=False, per_device_train_batch_size=args.sequences, gradient_accumulation_steps=1,
-        num_generations=args.group_size, gradient_checkpointing=False, beta=0.0, max_completion_length=args.completion_tokens,
+        num_generations=args.group_size, gradient_checkpointing=args.gradient_checkpointing, beta=0.0, max_completion_length=args.completion_tokens,
         temperature=args.temperature, loss_type="grpo", learning_rate=args.lr, optim="adamw_torch", report_to=[], logging_strategy="no",
         save_strategy="no", disable_tqdm=True, dataloader_num_workers=0, seed=0,
     )
-    tokenizer = build_tiny_tokenizer()  # used only for its pad/eos ids here: no text is tokenized or generated
+    if args.model:
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.model)  # used only for its pad/eos ids: no text is tokenized or generated
+    else:
+        tokenizer = build_tiny_tokenizer()  # the same: its pad/eos ids only
     dataset = Dataset.from_dict({"prompt": ["1+1="] * args.sequences})
     trainer = GRPOTrainer(model=model, reward_funcs=lambda completions, **kwargs: [0.0] * len(completions), args=config,
                           train_dataset=dataset, processing_class=tokenizer)
@@ -371,6 +383,9 @@ def parse(argv=None):
     shape.add_argument("--kv-heads", type=int, default=2)
     shape.add_argument("--intermediate", type=int, default=128)
     shape.add_argument("--tie-embeddings", action="store_true", help="tie lm_head to the input embedding (Qwen2Config's default is untied)")
+    shape.add_argument("--model", default=None, help="a model folder (e.g. base_models/smollm2-135m-instruct) instead of the random Qwen2; "
+                       "--vocab and the body options are then read from it")
+    shape.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass (both sides)")
     shape.add_argument("--group-size", type=int, default=4, help="G completions per prompt (TRL's num_generations); must divide N")
     shape.add_argument("--temperature", type=float, default=1.0)
     shape.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate (both sides)")
@@ -385,11 +400,15 @@ def parse(argv=None):
     args = parser.parse_args(argv)
     if args.sequences % args.group_size:
         parser.error(f"--group-size {args.group_size} must divide --sequences {args.sequences}")
+    if args.model:
+        args.vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]  # random ids must be in range
     args.shape_args = []
     for action in shape._group_actions:
         value = getattr(args, action.dest)
         if isinstance(value, bool):
             args.shape_args += [action.option_strings[0]] if value else []
+        elif value is None:
+            continue
         else:
             args.shape_args += [action.option_strings[0], str(value)]
     return args
@@ -408,9 +427,10 @@ def main(argv=None) -> None:
 
     N, P, C, V = args.sequences, args.prompt_tokens, args.completion_tokens, args.vocab
     logits_gib = N * (P + C) * V * 4 / 1024**3
-    print(f"shape: N={N} sequences x (P={P} prompt + C={C} completion) tokens, vocab {V}, Qwen2 hidden {args.hidden}, {args.layers} layers, "
-          f"{args.heads} heads / {args.kv_heads} KV heads, intermediate {args.intermediate}, tied={args.tie_embeddings}, G={args.group_size}, "
-          f"fp32 CPU, {args.threads} thread(s); full (N, P+C, V) fp32 logits = {logits_gib:.2f} GiB")
+    body = (f"model {args.model}" if args.model else f"Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads} heads / {args.kv_heads} KV heads, "
+            f"intermediate {args.intermediate}, tied={args.tie_embeddings}")
+    print(f"shape: N={N} sequences x (P={P} prompt + C={C} completion) tokens, vocab {V}, {body}, G={args.group_size}, "
+          f"gradient checkpointing {args.gradient_checkpointing}, fp32 CPU, {args.threads} thread(s); full (N, P+C, V) fp32 logits = {logits_gib:.2f} GiB")
     print(f"versions: torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
           f"rl_assets from {args.rl_assets_from.resolve()}", flush=True)
     results = {}
@@ -427,7 +447,8 @@ def main(argv=None) -> None:
     print(f"\n{'case':<10} {'rl-assets peak MiB':>18} {'TRL peak MiB':>13} {'ratio':>7}   {'sampled (rl/TRL) MiB':>21}  "
           f"{'process max RSS (rl/TRL) MiB':>28}  {'case s (rl/TRL)':>15}")
     summary = {"shape": {k: getattr(args, k) for k in ("sequences", "prompt_tokens", "completion_tokens", "vocab", "hidden", "layers", "heads",
-                                                        "kv_heads", "intermediate", "tie_embeddings", "group_size", "temperature", "threads")},
+                                                        "kv_heads", "intermediate", "tie_embeddings", "model", "gradient_checkpointing", "group_size",
+                                                        "temperature", "threads")},
                "full_logits_gib": round(logits_gib, 3), "rl_assets_from": str(args.rl_assets_from.resolve()), "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
                "target": f"rl-assets <= {TARGET}x TRL", "cases": {}}
     for case in cases:

@@ -1,11 +1,13 @@
-"""Peak memory and time of one GRPO training round on a real model, with and without `compute.return_freed_memory`.
+"""Peak memory and time of one GRPO training round on a real model, in each of the memory settings a user can pick.
 
-    .venv/bin/python bench/train_memory.py [--model base_models/smollm2-135m-instruct] [--params examples/smollm2/params.yaml] [--set k=v]
+    .venv/bin/python bench/train_memory.py [--model base_models/smollm2-135m-instruct] [--params examples/smollm2/params.yaml]
+                                           [--set k=v] [--configs full,full_checkpointed,...]
 
-Each side runs in a fresh process (the C allocator's state is per process): the model loaded, then
-`train_on_rollouts` on a table of the params' shape (prompts_per_round x samples_per_prompt rows, prompts of 45
-tokens, completions of 5-23 random tokens, rewards 0/1), as one round of `make real` trains. It prints each side's
-peak RSS (VmHWM) during the round, the round's seconds, and the ratios.
+Each configuration runs in a fresh process (the C allocator's state is per process): the model loaded as the train
+step loads it (`load_trainable_policy`: adapters with LoRA), then `train_on_rollouts` on a table of the params' shape
+(prompts_per_round x samples_per_prompt rows, prompts of 45 tokens, completions of 5-23 random tokens, rewards 0/1),
+as one round of `make real` trains. It prints each configuration's peak RSS (VmHWM) during the round, the round's
+seconds, and both as ratios to the first configuration measured.
 """
 
 import argparse
@@ -16,21 +18,32 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+CHECKPOINTED = "train.gradient_checkpointing=true"
+FREED = "compute.return_freed_memory=true"
+LORA = "train.lora.enabled=true"
+CONFIGS = {  # name: the params overrides on top of --params and --set
+    "full": [],
+    "full_checkpointed": [CHECKPOINTED],
+    "full_checkpointed_freed": [CHECKPOINTED, FREED],
+    "lora": [LORA],
+    "lora_checkpointed": [LORA, CHECKPOINTED],
+    "lora_checkpointed_freed": [LORA, CHECKPOINTED, FREED],
+}
 
 
-def worker(model_path: str, params_path: str, overrides: list[str], fixed: bool) -> dict:
+def worker(model_path: str, params_path: str, overrides: list[str]) -> dict:
     import pyarrow as pa
     import torch
 
     from rl_assets.core.config import load_params
-    from rl_assets.core.policy import load_policy
-    from rl_assets.run.process import free_large_blocks_at_once
+    from rl_assets.core.policy import load_trainable_policy
+    from rl_assets.run.process import free_large_blocks_at_once, peak_memory, reset_peak_memory
     from rl_assets.train.policy_gradient import train_on_rollouts
 
-    if fixed:
-        free_large_blocks_at_once()  # what a step does with compute.return_freed_memory
     params = load_params(params_path, overrides)
-    model, tokenizer = load_policy(model_path)
+    if params.compute.return_freed_memory:
+        free_large_blocks_at_once()  # what a step does with it (rl_assets.run.stages.run_stage)
+    model, tokenizer = load_trainable_policy(model_path, params.train.lora, model_path)
     generator = torch.Generator().manual_seed(0)
     group = params.rollouts.samples_per_prompt
     rows = []
@@ -43,13 +56,13 @@ def worker(model_path: str, params_path: str, overrides: list[str], fixed: bool)
     rollouts = pa.Table.from_pylist(rows)
     rewards = pa.table({"prompt_id": rollouts["prompt_id"], "sample_idx": rollouts["sample_idx"],
                         "reward": [float(torch.rand(1, generator=generator) > 0.5) for _ in rows]})
-    open("/proc/self/clear_refs", "w").write("5")  # the peak from here on: the round's, not the load's
+    reset_peak_memory()  # the peak from here on: the round's, not the load's
     started = time.perf_counter()
     _, metrics, _, _ = train_on_rollouts(model, rollouts, rewards, params.train, group_size=group, temperature=params.rollouts.temperature,
-                                         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id, seed=0, max_new_tokens=params.rollouts.max_new_tokens, progress=False)
+                                         pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id, seed=0,
+                                         max_new_tokens=params.rollouts.max_new_tokens, progress=False)
     seconds = time.perf_counter() - started
-    status = dict(line.split(":", 1) for line in open("/proc/self/status").read().splitlines())
-    return {"peak_gb": int(status["VmHWM"].split()[0]) / 1e6, "seconds": round(seconds, 1), "steps": metrics["steps"]}
+    return {"peak_gb": peak_memory()["peak_rss_gb"], "seconds": round(seconds, 1), "steps": metrics["steps"]}
 
 
 def main() -> None:
@@ -57,21 +70,31 @@ def main() -> None:
     parser.add_argument("--model", default=str(REPO / "base_models/smollm2-135m-instruct"))
     parser.add_argument("--params", default=str(REPO / "examples/smollm2/params.yaml"))
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
-    parser.add_argument("--worker", choices=["default", "fixed"], help=argparse.SUPPRESS)
+    parser.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.worker:
-        print(json.dumps(worker(args.model, args.params, args.overrides, args.worker == "fixed")))
+        print(json.dumps(worker(args.model, args.params, args.overrides)))
         return
-    sides = {}
-    for side in ("default", "fixed"):
-        command = [sys.executable, __file__, "--model", args.model, "--params", args.params, "--worker", side,
-                   *(item for override in args.overrides for item in ("--set", override))]
-        done = subprocess.run(command, cwd=REPO,
-                              capture_output=True, text=True, check=True)
-        sides[side] = json.loads(done.stdout.strip().splitlines()[-1])
-        print(f"{side}: {sides[side]}", file=sys.stderr, flush=True)
-    print(json.dumps({**sides, "peak_ratio": round(sides["fixed"]["peak_gb"] / sides["default"]["peak_gb"], 3),
-                      "time_ratio": round(sides["fixed"]["seconds"] / sides["default"]["seconds"], 3)}))
+    names = [name for name in args.configs.split(",") if name]
+    if unknown := set(names) - set(CONFIGS):
+        parser.error(f"unknown configuration(s) {sorted(unknown)}; choose from {', '.join(CONFIGS)}")
+    results = {}
+    for name in names:
+        overrides = [*args.overrides, *CONFIGS[name]]
+        command = [sys.executable, __file__, "--model", args.model, "--params", args.params, "--worker",
+                   *(item for override in overrides for item in ("--set", override))]
+        done = subprocess.run(command, cwd=REPO, capture_output=True, text=True)
+        if done.returncode:
+            sys.exit(f"{name} failed (exit {done.returncode}):\n{done.stderr[-4000:]}")
+        results[name] = json.loads(done.stdout.strip().splitlines()[-1])
+        first = results[names[0]]
+        results[name].update(peak_ratio=round(results[name]["peak_gb"] / first["peak_gb"], 3),
+                             time_ratio=round(results[name]["seconds"] / max(first["seconds"], 1e-9), 3))
+        print(f"{name:<26} peak {results[name]['peak_gb']:.2f} GB ({results[name]['peak_ratio']:.2f}x)  "
+              f"{results[name]['seconds']:.1f} s ({results[name]['time_ratio']:.2f}x)  {' '.join(CONFIGS[name]) or 'as params say'}",
+              file=sys.stderr, flush=True)
+    print(json.dumps(results))
 
 
 if __name__ == "__main__":

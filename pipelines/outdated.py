@@ -33,10 +33,10 @@ def changed_outputs(instance: DagsterInstance, rounds: int, experiment: str = "d
                     models: Path = Path("models")) -> dict[str, str]:
     """{output: why} for every materialized output of the flow in the data folder `data` (paths.data_dir) that is no longer
     what its latest materialization recorded (what `rl-assets status` reports; `run` makes them again)."""
-    from rl_assets.core.paths import asset_key_path, checkpoint_key, round_prefix
+    from rl_assets.core.paths import ROUND_OUTPUTS, asset_key_path, checkpoint_key, round_prefix
 
     names = ["raw_data", "prompts", checkpoint_key(0), *(f"{round_prefix(n)}/{stage}" for n in range(1, rounds + 1)
-                                                         for stage in ("rollouts", "rewards", "checkpoint")), "evaluation"]
+                                                         for stage in ROUND_OUTPUTS), "evaluation"]
     events = instance.get_latest_materialization_events([AssetKey(asset_key_path(name, experiment)) for name in names])
     return {output_key(key.path): why for key, event in events.items()
             if event is not None and (why := _changed_on_disk(key, event, data, models))}

@@ -246,7 +246,9 @@ class LoraParams(Section):
     enabled: bool = Field(False, description="Train LoRA adapters (PEFT) instead of all weights.")
     r: int = Field(16, ge=1, description="Adapter rank.")
     alpha: int = Field(32, ge=1, description="Adapter scaling numerator (scale = alpha / r).")
-    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the adapter input.")
+    dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input. 0 (PEFT's, verl's and OpenRLHF's default): "
+                           "with dropout the training forward is not the policy that sampled, so the first step's ratio is not 1, "
+                           "and its masks held for the backward cost memory (1 GB on SmolLM2-135M at micro-batches of 8).")
     target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="Modules that get adapters.")
     merge: bool = Field(False, description="Save each round's checkpoint with adapters merged into full weights; "
                                            "off saves only the adapters (loading needs peft and the r00 folder).")
@@ -284,10 +286,29 @@ GROUP_ALGORITHMS = {"grpo": "every advantage is a reward minus its group's mean"
                     "reinforce_pp": "the group mean is subtracted before whitening", "dpo": "pairs are a prompt's best and worst completions"}
 
 
+class PPOParams(Section):
+    gamma: float = Field(1.0, ge=0, le=1, description="GAE's discount per policy token (1.0: the score at the end counts in full).")
+    lam: float = Field(0.95, ge=0, le=1, description="GAE's lambda: 1.0 Monte-Carlo returns, 0.0 one-step TD on the value model.")
+    value_clip: float | None = Field(0.2, gt=0, description="How far a value may move from its pre-round estimate before the value loss "
+                                                            "stops pulling it (PPO's clipped value loss); null: unclipped.")
+    critic_learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate of the value model.")
+    critic_epochs: int | None = Field(None, ge=1, description="Passes of the value model over a round's table; null: train.epochs.")
+    critic_warmup_rounds: int = Field(0, ge=0, description="Rounds in which only the value model trains: the policy's checkpoint is its "
+                                                           "parent's weights, so the first advantages come from a value model that has "
+                                                           "seen returns.")
+    critic_init: Literal["policy", "reward_model"] = Field(
+        "policy", description="policy: r00's body with a zero value head (every value starts at 0, so round 1's advantages are the "
+                              "returns); reward_model: the trained reward_model asset, head included (OpenRLHF's choice).")
+    kl_in_reward: bool = Field(False, description="Take train.beta's KL to r00 as a per-token reward penalty, beta x (log pi_old - "
+                                                  "log pi_ref), the classic RLHF form; false: as the k3 term of the loss, as GRPO does.")
+    whiten_advantages: bool = Field(True, description="Normalise the GAE advantages to mean 0 and std 1 over the round's policy tokens.")
+
+
 class TrainParams(Section):
-    algorithm: Literal["grpo", "rloo", "reinforce_pp", "dpo", "rft"] = Field(
-        "grpo", description="grpo/rloo/reinforce_pp: policy gradient on the stored table; dpo: TRL DPOTrainer on best-vs-worst "
-                            "pairs; rft: TRL SFTTrainer on the top-k completions (rejection-sampling fine-tuning).")
+    algorithm: Literal["grpo", "rloo", "reinforce_pp", "ppo", "dpo", "rft"] = Field(
+        "grpo", description="grpo/rloo/reinforce_pp: policy gradient on the stored table; ppo: the same with a value model (the rNN/critic "
+                            "asset) and GAE; dpo: TRL DPOTrainer on best-vs-worst pairs; rft: TRL SFTTrainer on the top-k completions "
+                            "(rejection-sampling fine-tuning).")
     loss_type: Literal["grpo", "bnpo", "dr_grpo", "dapo"] = Field("grpo", description="Token aggregation of the policy-gradient loss (TRL's names).")
     learning_rate: float = Field(1e-4, gt=0, description="AdamW peak learning rate.")
     lr_scheduler: Literal["constant", "linear", "cosine"] = Field("constant", description="Learning-rate schedule within a round, after warmup.")
@@ -320,6 +341,7 @@ class TrainParams(Section):
                                                            "moments of each checkpoint on disk in data/run_state/optimizer/<checkpoint id>.pt, "
                                                            "never in a checkpoint: 2x the weights per round); off starts each round fresh.")
     lora: LoraParams = Field(default_factory=LoraParams)
+    ppo: PPOParams = Field(default_factory=PPOParams, description="The value model and GAE of algorithm ppo.")
     dpo: DPOParams = Field(default_factory=DPOParams)
     rft: RFTParams = Field(default_factory=RFTParams)
 
@@ -346,6 +368,8 @@ class GuardsParams(Section):
     entropy_min: float = Field(0.01, ge=0, description="Mean token entropy (nats) below this counts as a collapsed policy (blocking).")
     reward_drop_max: float = Field(0.1, ge=0, description="Mean rollout reward may fall at most this much below the previous round's (warning).")
     accuracy_drop_max: float = Field(0.05, ge=0, description="Sampled held-out accuracy may fall at most this much below the previous checkpoint's (warning).")
+    explained_variance_min: float = Field(-0.5, description="ppo: the parent value model's explained variance of a round's returns "
+                                                             "below this is reported (warning); 0 is a constant's, 1 a perfect model's.")
     tool_error_share_max: float = Field(0.5, ge=0, le=1, description="Share of an episode table's tool calls that may fail (warning).")
     truncated_episode_share_max: float = Field(0.5, ge=0, le=1, description="Share of episodes that may end at a turn or token limit (warning).")
 
@@ -401,6 +425,19 @@ class Params(Section):
         names = [f.score_name for f in self.rewards.functions]
         if self.evaluation.correctness is not None and self.evaluation.correctness not in names:
             raise ValueError(f"evaluation.correctness: {self.evaluation.correctness!r} is not one of the reward functions {names}")
+        return self
+
+    @model_validator(mode="after")
+    def _check_critic(self):
+        if self.train.algorithm == "ppo" and self.train.ppo.critic_init == "reward_model" and self.reward_model is None:
+            raise ValueError("train.ppo.critic_init: 'reward_model' starts the value model from the reward_model asset, and params have "
+                             "no reward_model section; add one or set critic_init: policy")
+        if self.train.algorithm == "ppo" and self.train.drop_equal_reward_groups:
+            raise ValueError("train.drop_equal_reward_groups leaves out groups whose rewards are equal, and ppo's value model makes "
+                             "advantages from every row (a group of one is always 'equal'); set it to false with algorithm ppo")
+        if self.train.algorithm == "ppo" and self.train.ppo.critic_warmup_rounds >= self.rounds:
+            raise ValueError(f"train.ppo.critic_warmup_rounds: {self.train.ppo.critic_warmup_rounds} of rounds={self.rounds} would leave "
+                             "the policy untrained; warm-up rounds must be fewer than rounds")
         return self
 
     @model_validator(mode="after")

@@ -129,3 +129,16 @@ def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids:
                 total += (per_position * mask).sum().item()
                 tokens += mask.sum().item()
     return total, tokens
+
+
+def completion_values(value_model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int):
+    """A value model's estimate at each completion token: the output at the position that chose the token.
+
+    `value_model` gives one number per position (a token-classification head with one label, rl_assets.train.critic).
+    The value of token t is read where its log-prob is (the position before it): the state the policy was in when it
+    chose it. Returns (values, mask), both (N, T) float32 with T the longest completion; padding has mask 0.
+    """
+    device = next(value_model.parameters()).device
+    input_ids, attention, _ = _right_padded(prompt_ids, completion_ids, pad_id, device)
+    per_position = value_model(input_ids=input_ids, attention_mask=attention).logits[..., 0].float()  # (N, width)
+    return _completion_positions(per_position[:, :-1], prompt_ids, completion_ids)

@@ -45,10 +45,10 @@ def data_dir_of(checkpoint: Path) -> Path | None:
 def output_path(key: str, data: Path) -> Path:
     """The file or folder an asset key writes in the data folder `data` (`data_dir`).
 
-    >>> output_path("r01/rollouts", DATA), output_path("r01/checkpoint", Path("data/experiments/x"))
-    (PosixPath('data/r01/rollouts.parquet'), PosixPath('data/experiments/x/r01/checkpoint'))
+    >>> output_path("r01/rollouts", DATA), output_path("r01/checkpoint", Path("data/experiments/x")), output_path("r02/critic", DATA)
+    (PosixPath('data/r01/rollouts.parquet'), PosixPath('data/experiments/x/r01/checkpoint'), PosixPath('data/r02/critic'))
     """
-    if key.endswith("checkpoint") or key == "reward_model":  # model folders
+    if key.endswith(("checkpoint", "critic")) or key == "reward_model":  # model folders
         return data / key
     return data / f"{key}.parquet"
 
@@ -102,14 +102,14 @@ def stage_of(key: str) -> tuple[str, int | None]:
     """
     if key in OUTSIDE_ROUNDS:
         return OUTSIDE_ROUNDS[key], None
-    found = re.fullmatch(r"r(\d{2})/(rollouts|rewards|checkpoint)", key)
+    found = re.fullmatch(rf"r(\d{{2}})/({'|'.join(ROUND_OUTPUTS)})", key)
     if not found or found.group(1) == "00":
         raise ValueError(f"no compute stage writes {key!r}; outputs: {sorted(OUTSIDE_ROUNDS)} and rNN/{{{','.join(ROUND_OUTPUTS)}}}")
     return ROUND_OUTPUTS[found.group(2)], int(found.group(1))
 
 
 def flow_order(keys: list[str]) -> list[str]:
-    """`keys` in the order the flow writes them: r00, then each round's rollouts, rewards, checkpoint, then the rest.
+    """`keys` in the order the flow writes them: r00, then each round's rollouts, rewards, critic (ppo), checkpoint, then the rest.
 
     >>> flow_order(["r02/rollouts", "evaluation", "r01/checkpoint", "r01/rewards"])
     ['r01/rewards', 'r01/checkpoint', 'r02/rollouts', 'evaluation']

@@ -73,6 +73,17 @@ def entropy_not_collapsed(metrics: dict, minimum: float) -> Check:
     return passed, f"entropy={entropy:.4g} {'>=' if passed else '<'} entropy_min={minimum:g}", {"entropy": entropy, "entropy_min": minimum}
 
 
+def explained_variance_kept(metrics: dict, minimum: float) -> Check:
+    """The value model predicted the round's returns at least as well as `minimum` explained variance (0: a constant does
+    as well; below 0: worse). Round 1's zero head explains nothing by construction, so its value is 0, never a failure."""
+    value = metrics.get("explained_variance")
+    if value is None:
+        return _skipped("the returns did not vary (nothing to explain), or no explained_variance in the metrics")
+    passed = math.isfinite(value) and value >= minimum
+    return passed, f"explained_variance={value:.3g} {'>=' if passed else '<'} explained_variance_min={minimum:g}", \
+        {"explained_variance": value, "explained_variance_min": minimum}
+
+
 def checkpoint_guards(card: dict, guards: GuardsParams) -> dict[str, Check]:
     """The blocking guards of a checkpoint, from its lineage card (r00 has no KL or entropy to check)."""
     metrics = card.get("metrics") or {}
@@ -83,23 +94,29 @@ def checkpoint_guards(card: dict, guards: GuardsParams) -> dict[str, Check]:
     return checks
 
 
-def rewards_have_signal(rewards: pa.Table, truncated_share: float | None = None, max_new_tokens: int | None = None) -> Check:
+def rewards_have_signal(rewards: pa.Table, truncated_share: float | None = None, max_new_tokens: int | None = None,
+                        by_group: bool = True) -> Check:
     """At least one prompt group whose rewards differ: if every group is all-equal, every GRPO advantage is 0.
 
+    Without `by_group` (ppo: a value model is the baseline, a prompt may have one sample) rewards must differ anywhere
+    in the table: a constant reward teaches a value model the constant, and the policy nothing.
     When most completions were cut off at `max_new_tokens` (`truncated_share` of the round's rollouts), that is the
     likely cause (no answer was ever reached), and the verdict says so.
     """
     spread: dict[str, set] = {}
     for prompt_id, reward in zip(rewards["prompt_id"].to_pylist(), rewards["reward"].to_pylist()):
-        spread.setdefault(prompt_id, set()).add(reward)
+        spread.setdefault(prompt_id if by_group else "", set()).add(reward)
     equal = sum(len(values) == 1 for values in spread.values())
-    meta = {"groups": len(spread), "equal_reward_groups": equal}
+    meta = {"groups": len(spread), "equal_reward_groups": equal} if by_group else {"rows": rewards.num_rows, "distinct_rewards": len(spread[""])}
+    what = f"all {len(spread)} groups have equal rewards" if by_group else f"all {rewards.num_rows} rewards are equal"
     if equal == len(spread):
         if truncated_share is not None and truncated_share >= 0.5:
-            return False, (f"all {len(spread)} groups have equal rewards: no learning signal; {truncated_share:.1%} of the completions "
+            return False, (f"{what}: no learning signal; {truncated_share:.1%} of the completions "
                            f"were cut off at rollouts.max_new_tokens={max_new_tokens} before they answered: raise it"), \
                 {**meta, "truncated_share": truncated_share}
-        return False, f"all {len(spread)} groups have equal rewards: no learning signal (is a reward function constant?)", meta
+        return False, f"{what}: no learning signal (is a reward function constant?)", meta
+    if not by_group:
+        return True, f"{len(spread[''])} distinct rewards over {rewards.num_rows} rows", meta
     return True, f"{len(spread) - equal} of {len(spread)} groups have differing rewards", meta
 
 

@@ -26,13 +26,18 @@ CHECKPOINT = {
     "entropy_not_collapsed": (True, "Mean token entropy of the policy at least guards.entropy_min."),
     "lineage": (True, "Checkpoint id is the weights' hash; parent and training tables match the files on disk."),
 }
+CRITIC = {
+    "metrics_finite": (True, "No value-model metric (value loss, clip fraction, explained variance) is NaN or infinite."),
+    "explained_variance": (False, "The parent value model explained at least guards.explained_variance_min of the variance of "
+                                  "this round's returns (a collapsing value model gives the policy noise for advantages)."),
+}
 ROLLOUTS = {**TABLE, "lineage": (True, "Sampled by the previous checkpoint on disk, from the prompts file on disk."),
             "tool_errors": (False, "Episodes: at most guards.tool_error_share_max of the tool calls failed."),
             "truncated_episodes": (False, "Episodes: at most guards.truncated_episode_share_max ended at a turn or token limit.")}
 REWARDS = {
     **TABLE,
     "lineage": (True, "Scores every rollout of the rollouts file on disk."),
-    "reward_signal": (True, "Some prompt group has differing rewards; otherwise every GRPO advantage is 0."),
+    "reward_signal": (True, "Some prompt group has differing rewards; otherwise every GRPO advantage is 0 (ppo: some rewards differ)."),
     "reward_not_regressed": (False, "Mean rollout reward at most guards.reward_drop_max below the previous round's."),
 }
 EVALUATION = {**TABLE, "accuracy_not_regressed": (False, "No checkpoint's sampled accuracy more than guards.accuracy_drop_max below the one before.")}
@@ -82,6 +87,17 @@ def _checkpoint(n: int):
     return specs, make
 
 
+def _critic(n: int):
+    def make(p: Params) -> Guards:
+        from rl_assets.core.checkpoints import read_lineage
+
+        metrics = lambda: read_lineage(_out(f"{round_prefix(n)}/critic", p)).get("metrics") or {}  # noqa: E731
+        return {"metrics_finite": lambda: guards.metrics_finite(metrics()),
+                "explained_variance": lambda: guards.explained_variance_kept(metrics(), p.guards.explained_variance_min)}
+
+    return CRITIC, make
+
+
 def _rollouts(n: int):
     key = f"{round_prefix(n)}/rollouts"
     return ROLLOUTS, lambda p: {
@@ -97,7 +113,7 @@ def _rewards(n: int):
         "schema": lambda: guards.table_schema(_out(key, p), "rewards"),
         "lineage": lambda: guards.rewards_lineage(_read(_out(key, p), "rewards"), _out(f"{round_prefix(n)}/rollouts", p)),
         "reward_signal": lambda: guards.rewards_have_signal(_read(_out(key, p), "rewards"), _truncated_share(_out(f"{round_prefix(n)}/rollouts", p)),
-                                                            p.rollouts.max_new_tokens),
+                                                            p.rollouts.max_new_tokens, by_group=p.train.algorithm != "ppo"),
         "reward_not_regressed": lambda: guards.reward_not_regressed(_mean_reward(_out(key, p)), _mean_reward(_out(previous, p)) if n > 1 else None,
                                                                     p.guards.reward_drop_max)}
 
@@ -129,11 +145,11 @@ def _guards_of(key: str):
         return _with_sources(key)
     if key == "evaluation":
         return _evaluation()
-    found = re.fullmatch(r"r(\d{2})/(rollouts|rewards|checkpoint)", key)
+    found = re.fullmatch(r"r(\d{2})/(rollouts|rewards|critic|checkpoint)", key)
     if not found:
         return None
     n, kind = int(found.group(1)), found.group(2)
-    return _checkpoint(n) if kind == "checkpoint" else _rollouts(n) if kind == "rollouts" else _rewards(n)
+    return {"checkpoint": _checkpoint, "rollouts": _rollouts, "rewards": _rewards, "critic": _critic}[kind](n)
 
 
 @dataclass

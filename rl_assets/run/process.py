@@ -39,6 +39,44 @@ def free_large_blocks_at_once() -> None:
         mallopt(M_MMAP_THRESHOLD, LARGE_BLOCK)
 
 
+def reset_peak_memory() -> None:
+    """Start this process's peak-memory marks afresh: RSS (Linux's VmHWM, reset through /proc/self/clear_refs) and CUDA's.
+
+    A resident process runs many steps: each step's peak is its own, counted from what was already resident.
+    Where /proc cannot reset it the RSS mark runs from the process's start (`peak_memory` says which).
+    """
+    try:
+        with open("/proc/self/clear_refs", "w") as marks:
+            marks.write("5")  # 5: reset the peak RSS (proc(5))
+    except OSError:
+        pass
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.reset_peak_memory_stats()
+
+
+def peak_memory() -> dict:
+    """This process's peak memory since `reset_peak_memory`, in GB: {"peak_rss_gb", and "peak_cuda_gb" where CUDA was used}.
+
+    >>> sorted(peak_memory())[0], peak_memory()["peak_rss_gb"] > 0
+    ('peak_rss_gb', True)
+    """
+    try:
+        with open("/proc/self/status") as status:
+            peak_kib = next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        import resource
+
+        peak_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux; since the process started
+    result = {"peak_rss_gb": round(peak_kib * 1024 / 1e9, 3)}
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        result["peak_cuda_gb"] = round(torch.cuda.max_memory_allocated() / 1e9, 3)
+    return result
+
+
 @functools.cache
 def _libc_function(name: str):
     """A glibc function by name, looked up once per process (None on another C library)."""

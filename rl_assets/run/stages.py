@@ -141,15 +141,25 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     else:
         from rl_assets.train.policy_gradient import table_group_size, train_on_rollouts
 
-        ref_model = loaded.reference(base, device) if train.beta > 0 else None
+        from rl_assets.train.policy_gradient import loss_beta
+
+        token_advantages = None
+        if train.algorithm == "ppo":  # GAE's advantages from the parent value model (the critic stage trains the next one)
+            targets, critic, critic_path = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id)
+            token_advantages, trained_on["critic"] = targets.advantages, checkpoint_id(critic_path)
+            del critic, targets
+        ref_model = loaded.reference(base, device) if loss_beta(train) > 0 else None
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
         carried = parent_moments(parent, data, device) if train.carry_optimizer_state else None
-        model, metrics, history, optimizer_state = train_on_rollouts(
-            model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
-            temperature=params.rollouts.temperature,
-            pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
-            state_dir=train_state_dir(round_number, data), fingerprint=state,
-            optimizer_state=carried)
+        if train.algorithm == "ppo" and round_number <= train.ppo.critic_warmup_rounds:  # only the value model learns this round
+            metrics, history, optimizer_state = {"steps": 0, "critic_warmup": True}, [], carried
+        else:
+            model, metrics, history, optimizer_state = train_on_rollouts(
+                model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
+                temperature=params.rollouts.temperature,
+                pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
+                state_dir=train_state_dir(round_number, data), fingerprint=state,
+                optimizer_state=carried, token_advantages=token_advantages)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     from rl_assets.train.policy_gradient import reference_kl
@@ -173,6 +183,61 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     if keep:
         loaded.keep_policy(model, tokenizer, saved_id, device, dtype)
     shutil.rmtree(train_state_dir(round_number, data), ignore_errors=True)  # the round is done; its resume points are not needed
+    return metrics
+
+
+def critic_parent(params: Params, round_number: int, data: Path) -> tuple[Path, str | None]:
+    """(folder, how to start from it) of the value model that round `round_number`'s PPO outputs read: rNN-1/critic as
+    saved, or in round 1 r00's body with a zero head, or the reward model (train.ppo.critic_init)."""
+    if round_number > 1:
+        return output_path(f"{round_prefix(round_number - 1)}/critic", data), None
+    if params.train.ppo.critic_init == "reward_model":
+        return output_path("reward_model", data), "reward_model"
+    return output_path(checkpoint_key(0), data), "policy"
+
+
+def ppo_round_targets(params: Params, round_number: int, data: Path, device: str, loaded: Loaded, rollouts: pa.Table, rewards: pa.Table,
+                      pad_id: int):
+    """(targets, parent critic, its folder): the parent value model's view of the round's table, as both PPO outputs read it."""
+    from rl_assets.train.critic import load_critic, ppo_targets
+    from rl_assets.train.policy_gradient import join_rewards, policy_masks
+
+    path, start = critic_parent(params, round_number, data)
+    if not path.is_dir():
+        raise FileNotFoundError(f"{path}: the value model round {round_number} starts from is missing; run its round (or the reward model) first")
+    critic = load_critic(path, device, start=start)
+    keep = [0.0 if params.train.mask_truncated_completions and cut else 1.0 for cut in rollouts["truncated"].to_pylist()]
+    mask = [[float(m) * k for m in row] for row, k in zip(policy_masks(rollouts), keep)]
+    kl_in_reward = params.train.ppo.kl_in_reward and params.train.beta > 0
+    targets = ppo_targets(critic, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist(), mask, join_rewards(rollouts, rewards),
+                          params.train, pad_id=pad_id, batch_size=params.rollouts.logprob_batch_size,
+                          stored_logprobs=rollouts["logprobs"].to_pylist() if kl_in_reward else None,
+                          ref_model=loaded.reference(output_path(checkpoint_key(0), data), device) if kl_in_reward else None,
+                          temperature=params.rollouts.temperature)
+    return targets, critic, path
+
+
+def run_critic(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
+    """rNN/critic: the value model of PPO, its parent fitted to this round's returns (rl_assets.train.critic)."""
+    from transformers import AutoTokenizer
+
+    from rl_assets.train.critic import CRITIC_KIND, train_critic
+
+    data, prefix = data_dir(params.experiment, root), round_prefix(round_number)
+    rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", data), output_path(f"{prefix}/rewards", data)
+    rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
+    tokenizer = AutoTokenizer.from_pretrained(output_path(checkpoint_key(0), data))
+    targets, critic, parent = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id)
+    critic, metrics, history = train_critic(critic, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist(), targets,
+                                            params.train, pad_id=tokenizer.pad_token_id, seed=params.seed * 1000 + round_number, device=device)
+    if dist.is_initialized() and dist.get_rank() != 0:
+        return {}
+    lineage = {"round": round_number, "kind": CRITIC_KIND, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
+               "trained_on": {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}, "train": params.train.model_dump(mode="json"),
+               "params_hash": params.section_hash("seed", "train"), "metrics": metrics, "history": history, **stage_lineage("critic", params)}
+    for table_path in (rollouts_path, rewards_path):
+        lineage["code"].update(table_lineage(table_path).get("code", {}))
+    save_checkpoint(critic, tokenizer, output_path(f"{prefix}/critic", data), lineage)
     return metrics
 
 
@@ -269,16 +334,19 @@ def run_stage(stage: str, params: Params, round_number: int | None, root: Path, 
     # The heartbeat (read by /health and `rl-assets status`) and the process set-up shape no output: not in the stage table.
     from rl_assets.run.heartbeat import Heartbeat
     from rl_assets.run.loaded import Loaded
-    from rl_assets.run.process import free_large_blocks_at_once, quiet_step, release_freed_memory
+    from rl_assets.run.process import free_large_blocks_at_once, peak_memory, quiet_step, release_freed_memory, reset_peak_memory
 
     quiet_step()
     if params.compute.return_freed_memory:
         free_large_blocks_at_once()
+    reset_peak_memory()
     try:
         with Heartbeat(root, stage, round_number):
-            return _run_stage(stage, params, round_number, root, loaded or Loaded())
+            metadata, path = _run_stage(stage, params, round_number, root, loaded or Loaded())
     finally:
         release_freed_memory()  # the next step's peak starts from what is in use, not from this step's leftovers
+    # This process's peak while writing the output, models kept from earlier steps included: what a machine must have.
+    return {**metadata, **peak_memory()}, path
 
 
 def _run_stage(stage: str, params: Params, round_number: int | None, root: Path, loaded: Loaded) -> tuple[dict, Path]:
@@ -295,6 +363,8 @@ def _run_stage(stage: str, params: Params, round_number: int | None, root: Path,
         return run_rollouts(params, round_number, root, device, loaded), output_path(f"{round_prefix(round_number)}/rollouts", data)
     if stage == "rewards":
         return run_rewards(params, round_number, root), output_path(f"{round_prefix(round_number)}/rewards", data)
+    if stage == "critic":
+        return run_critic(params, round_number, root, device, loaded), output_path(f"{round_prefix(round_number)}/critic", data)
     if stage == "train":
         path = output_path(checkpoint_key(round_number), data)
         return with_heldout(run_train(params, round_number, root, device, loaded), path, params, root, device, loaded), path

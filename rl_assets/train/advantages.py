@@ -118,3 +118,92 @@ def equal_reward_group_share(rewards: torch.Tensor, group_size: int) -> float:
         rewards: (B * G,) rewards in prompt-major order.
     """
     return equal_reward_groups(rewards, group_size).float().mean().item()
+
+
+# --- PPO with a value model: per-token rewards, GAE, whitening ------------------------------------------------------------
+
+
+def token_rewards(scores: torch.Tensor, mask: torch.Tensor, kl: torch.Tensor | None = None, kl_coef: float = 0.0) -> torch.Tensor:
+    """Per-token rewards of classic RLHF PPO: the sequence's score on its last policy token, minus kl_coef x KL on every token.
+
+    Args:
+        scores: (N,) one reward per completion (the rewards table's `reward`).
+        mask: (N, T) 1 on the policy's tokens, 0 on padding (and on tool tokens of an episode).
+        kl: (N, T) per-token KL estimate to the reference, log pi_old - log pi_ref (k1), or None.
+        kl_coef: its weight (train.beta with train.kl_in_reward).
+    Returns:
+        (N, T) rewards, 0 off the mask. A completion without policy tokens gets none.
+
+    >>> token_rewards(torch.tensor([1.0, 2.0]), torch.tensor([[1.0, 1.0, 0.0], [1.0, 1.0, 1.0]])).tolist()
+    [[0.0, 1.0, 0.0], [0.0, 0.0, 2.0]]
+    >>> token_rewards(torch.tensor([1.0]), torch.tensor([[1.0, 1.0]]), kl=torch.tensor([[0.5, -1.0]]), kl_coef=0.5).tolist()
+    [[-0.25, 1.5]]
+    """
+    rewards = torch.zeros_like(mask, dtype=torch.float32)
+    if kl is not None and kl_coef:
+        rewards = rewards - kl_coef * kl.float() * mask
+    positions = torch.arange(mask.shape[1], device=mask.device).expand_as(mask)
+    last = torch.where(mask > 0, positions, -1).max(dim=1).values  # (N,): the last policy token, -1 for none
+    rows = torch.nonzero(last >= 0).squeeze(1)
+    rewards[rows, last[rows]] += scores[rows].float()
+    return rewards
+
+
+def gae_advantages(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float = 1.0,
+                   lam: float = 0.95) -> tuple[torch.Tensor, torch.Tensor]:
+    """Generalised advantage estimation over each completion's policy tokens (Schulman et al., 2016).
+
+    delta_t = r_t + gamma * V_{t+1} - V_t and A_t = delta_t + gamma * lam * A_{t+1}, where t + 1 is the next
+    policy token: tokens off the mask (an environment's reply inside an episode, padding) are skipped, as verl
+    does for multi-turn rollouts, and the value after the last policy token is 0 (the episode ended).
+
+    Args:
+        rewards: (N, T) per-token rewards (`token_rewards`).
+        values: (N, T) the value model's estimate at each token, from before this round's update.
+        mask: (N, T) 1 on policy tokens.
+        gamma: discount per policy token (1.0 for language: the score comes at the end).
+        lam: GAE's lambda, the bias/variance trade-off (1.0: Monte-Carlo returns, 0.0: one-step TD).
+    Returns:
+        (advantages, returns), both (N, T), 0 off the mask; returns = advantages + values are the value model's targets.
+
+    >>> advantages, returns = gae_advantages(torch.tensor([[0.0, 1.0]]), torch.tensor([[0.5, 0.25]]), torch.ones(1, 2), 1.0, 0.5)
+    >>> advantages.tolist(), returns.tolist()
+    ([[0.125, 0.75]], [[0.625, 1.0]])
+    >>> gae_advantages(torch.tensor([[0.0, 0.0, 1.0]]), torch.tensor([[0.5, 9.0, 0.25]]), torch.tensor([[1.0, 0.0, 1.0]]), 1.0, 0.5)[0].tolist()
+    [[0.125, 0.0, 0.75]]
+    """
+    mask = mask.float()
+    advantages = torch.zeros_like(rewards, dtype=torch.float32)
+    next_value = rewards.new_zeros(rewards.shape[0], dtype=torch.float32)  # (N,): V of the next policy token; 0 after the last
+    next_advantage = torch.zeros_like(next_value)
+    for t in reversed(range(rewards.shape[1])):
+        on = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        advantage = delta + gamma * lam * next_advantage
+        advantages[:, t] = torch.where(on > 0, advantage, 0.0)
+        next_value = torch.where(on > 0, values[:, t].float(), next_value)  # a skipped token passes the later ones through
+        next_advantage = torch.where(on > 0, advantage, next_advantage)
+    returns = (advantages + values.float()) * mask
+    return advantages, returns
+
+
+def whiten(values: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+    """Normalise `values` to unit variance (and zero mean, with `shift_mean`) over the masked tokens of the batch.
+
+    Args:
+        values: (N, T), e.g. GAE advantages.
+        mask: (N, T) 1 on the tokens that count.
+    Returns:
+        (N, T), 0 off the mask.
+
+    >>> whiten(torch.tensor([[1.0, 3.0, 100.0]]), torch.tensor([[1.0, 1.0, 0.0]])).tolist()
+    [[-0.7071..., 0.7071..., 0.0]]
+    """
+    mask = mask.float()
+    count = mask.sum().clamp(min=1.0)
+    mean = (values * mask).sum() / count
+    variance = (((values - mean) * mask) ** 2).sum() / (count - 1).clamp(min=1.0)  # unbiased, as verl's masked_whiten
+    whitened = (values - mean) * torch.rsqrt(variance + eps)
+    if not shift_mean:
+        whitened = whitened + mean
+    return whitened * mask

@@ -24,7 +24,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     Args:
         logprobs: (N, T) per-token log-probs under the policy being trained.
         old_logprobs: (N, T) per-token log-probs stored at sampling time.
-        advantages: (N,) one advantage per completion.
+        advantages: (N,) one advantage per completion, or (N, T) one per token (PPO's GAE).
         mask: (N, T) 1 for completion tokens that count, 0 for padding and masked (e.g. truncated) completions.
         loss_type: one of LOSS_TYPES (see the module docstring).
         epsilon: lower clip, the ratio is clipped to [1 - epsilon, 1 + epsilon_high].
@@ -44,7 +44,7 @@ def policy_loss(logprobs: torch.Tensor, old_logprobs: torch.Tensor, advantages: 
     if loss_type not in LOSS_TYPES:
         raise ValueError(f"loss_type must be one of {LOSS_TYPES}, not {loss_type!r}")
     epsilon_high = epsilon if epsilon_high is None else epsilon_high
-    advantages = advantages[:, None]
+    advantages = advantages[:, None] if advantages.ndim == 1 else advantages
     ratio = torch.exp(logprobs - old_logprobs)
     clipped = torch.clamp(ratio, 1 - epsilon, 1 + epsilon_high)
     per_token = -torch.min(ratio * advantages, clipped * advantages)
@@ -104,3 +104,60 @@ def sampler_importance_weights(old_logprobs: torch.Tensor, sampler_logprobs: tor
     """
     difference = torch.nan_to_num((old_logprobs - sampler_logprobs) * mask, nan=0.0)
     return torch.exp(difference).clamp(max=cap)
+
+
+def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
+               clip: float | None = 0.2) -> tuple[torch.Tensor, dict]:
+    """PPO's clipped value loss: 0.5 x max((V - R)^2, (clip(V, V_old +- clip) - R)^2), the mean over masked tokens.
+
+    Args:
+        values: (N, T) the value model's estimates now (with gradients).
+        old_values: (N, T) its estimates before this round's update (GAE's baseline).
+        returns: (N, T) the targets, GAE's advantages + old values.
+        mask: (N, T) 1 on the policy's tokens.
+        clip: how far an estimate may move from the old one before its loss stops pulling (train.value_clip); None: unclipped.
+    Returns:
+        (loss scalar, metrics): value_clip_fraction (tokens whose clipped term is the larger), value_mean, return_mean.
+
+    >>> loss, metrics = value_loss(torch.tensor([[1.0, 0.0]]), torch.tensor([[0.0, 0.0]]), torch.tensor([[2.0, 1.0]]), torch.ones(1, 2), clip=0.5)
+    >>> loss.item(), metrics["value_clip_fraction"]
+    (0.8125, 0.5)
+    """
+    mask = mask.float()
+    unclipped = (values - returns) ** 2
+    if clip is None:
+        worst = unclipped
+    else:
+        clipped = (old_values + torch.clamp(values - old_values, -clip, clip) - returns) ** 2
+        worst = torch.maximum(unclipped, clipped)
+    tokens = mask.sum().clamp(min=1.0)
+    loss = 0.5 * (worst * mask).sum() / tokens
+    with torch.no_grad():
+        clipped_share = ((worst > unclipped).float() * mask).sum().item() / tokens.item() if clip is not None else 0.0
+        metrics = {"value_clip_fraction": clipped_share, "value_mean": ((values * mask).sum() / tokens).item(),
+                   "return_mean": ((returns * mask).sum() / tokens).item()}
+    return loss, metrics
+
+
+def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> float:
+    """1 - Var(returns - values) / Var(returns) over the masked tokens: 1 is a perfect value model, 0 no better than a constant.
+
+    Args:
+        values: (N, T) the value model's estimates; returns: (N, T) its targets; mask: (N, T).
+    Returns:
+        a float; NaN when the returns do not vary (nothing to explain).
+
+    >>> explained_variance(torch.tensor([[1.0, 2.0, 3.0]]), torch.tensor([[1.0, 2.0, 4.0]]), torch.ones(1, 3))
+    0.857...
+    """
+    mask = mask.float()
+    tokens = mask.sum()
+    if tokens < 2:
+        return float("nan")
+
+    def variance(x):
+        mean = (x * mask).sum() / tokens
+        return (((x - mean) * mask) ** 2).sum() / tokens
+
+    spread = variance(returns)
+    return float("nan") if spread <= 0 else (1 - variance(returns - values) / spread).item()

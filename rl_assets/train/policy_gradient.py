@@ -76,6 +76,11 @@ def advantages_for(params: TrainParams, reward: torch.Tensor, group_size: int) -
     return group_advantages(reward, group_size, scale=params.scale_rewards)
 
 
+def loss_beta(params: TrainParams) -> float:
+    """The weight of the loss's k3 KL term: train.beta, unless ppo takes the KL as a reward penalty instead (kl_in_reward)."""
+    return 0.0 if params.algorithm == "ppo" and params.ppo.kl_in_reward else params.beta
+
+
 def policy_masks(rollouts: pa.Table) -> list[list[int]]:
     """Per completion token, 1 where the policy wrote it: an episode's `completion_mask`, all ones for a single completion.
 
@@ -101,7 +106,7 @@ class TrainingBatch:
     stored: list[list[float]]  # per completion token, the log-prob stored at sampling (the ratio's denominator)
     sampler: list[list[float] | None]  # the sampling engine's own log-probs (vLLM), for the mismatch correction
     policy: list[list[int]]  # per completion token, 1 where the policy wrote it (policy_masks)
-    advantages: torch.Tensor  # (n,)
+    advantages: torch.Tensor  # (n,), or (n, T) per token (ppo)
     keep: torch.Tensor  # (n,) 1.0, or 0.0 for a row left out of the loss (a truncated completion, when masked)
     tokens: torch.Tensor  # (n,) float64: the policy tokens of each kept row (the loss normalisation of dapo)
     rewards: torch.Tensor  # (N,) every row's reward, the dropped rows' included
@@ -110,14 +115,23 @@ class TrainingBatch:
         return len(self.prompt_ids)
 
 
-def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, group_size: int) -> TrainingBatch:
-    """Tables in, tensors out: the rewards joined, the uninformative groups dropped, the advantages, masks and token counts."""
+def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, group_size: int,
+                  token_advantages: torch.Tensor | None = None) -> TrainingBatch:
+    """Tables in, tensors out: the rewards joined, the uninformative groups dropped, the advantages, masks and token counts.
+
+    `token_advantages`: (N, T) per-token advantages of every row (ppo's GAE, rl_assets.train.critic.ppo_targets), used as given.
+    """
     all_rewards = join_rewards(rollouts, rewards)
     table, reward = rollouts, all_rewards
-    if params.drop_equal_reward_groups:  # their advantages are 0: they cost compute and dilute the loss normalisation
+    if params.algorithm == "ppo" and token_advantages is None:
+        raise ValueError("train.algorithm ppo takes its advantages from the value model (ppo_targets); none were given")
+    if params.drop_equal_reward_groups and token_advantages is None:  # their advantages are 0: they cost compute and dilute the loss normalisation
         informative = informative_rows(all_rewards, group_size)
         table, reward = rollouts.filter(pa.array(informative.tolist())), all_rewards[informative]
-    advantages = advantages_for(params, reward, group_size) if reward.numel() else reward
+    if token_advantages is not None:
+        advantages = token_advantages
+    else:
+        advantages = advantages_for(params, reward, group_size) if reward.numel() else reward
     stored = table["logprobs"].to_pylist()
     policy = policy_masks(table)
     keep = torch.ones(table.num_rows)
@@ -208,11 +222,12 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
                                logprobs.shape[1]).to(logprobs.device)
                 weights = sampler_importance_weights(old, sampled, mask, params.sampler_correction_cap)
             ref = None
-            if ref_model is not None and params.beta > 0:
+            if ref_model is not None and loss_beta(params) > 0:
                 with torch.no_grad():
                     ref, _ = completion_logprobs(ref_model, prompts, completions, pad_id, temperature)
-            loss, metrics = policy_loss(logprobs, old, batch.advantages[rows].to(logprobs.device), mask, loss_type=params.loss_type,
-                                        epsilon=params.epsilon, epsilon_high=params.epsilon_high, ref_logprobs=ref, beta=params.beta,
+            advantages = batch.advantages[rows] if batch.advantages.ndim == 1 else batch.advantages[rows][:, : logprobs.shape[1]]
+            loss, metrics = policy_loss(logprobs, old, advantages.to(logprobs.device), mask, loss_type=params.loss_type,
+                                        epsilon=params.epsilon, epsilon_high=params.epsilon_high, ref_logprobs=ref, beta=loss_beta(params),
                                         max_completion_length=max_new_tokens, num_items=num_items, num_processes=accelerator.num_processes,
                                         sampler_weights=weights)
             accelerator.backward(loss / accum)
@@ -228,8 +243,10 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
 def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, group_size: int, temperature: float,
                       pad_id: int, seed: int, max_new_tokens: int, device: str = "cpu", ref_model=None,
                       state_dir: Path | None = None, fingerprint: dict | None = None, optimizer_state: dict | None = None,
-                      progress: bool = True):
+                      token_advantages: torch.Tensor | None = None, progress: bool = True):
     """Update `model` on the stored table; returns (trained model, the round's metrics, per-step history, optimizer state).
+
+    `token_advantages`: ppo's (N, T) GAE advantages from the value model (rl_assets.train.critic.ppo_targets).
 
     `optimizer_state` continues the previous round's AdamW moments (train.carry_optimizer_state) instead of a fresh optimizer;
     `state_dir` and `fingerprint` are where the state is saved every `save_steps`, and which saved state a rerun may resume.
@@ -242,7 +259,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     rank, world, accum = accelerator.process_index, accelerator.num_processes, params.gradient_accumulation_steps
     if params.minibatch_size % (world * accum):
         raise ValueError(f"train.minibatch_size={params.minibatch_size} must divide evenly over {world} processes x {accum} accumulation steps")
-    batch = prepare_batch(rollouts, rewards, params, group_size)
+    batch = prepare_batch(rollouts, rewards, params, group_size, token_advantages)
     n = len(batch)
     minibatch, steps_per_epoch = step_plan(n, rollouts.num_rows, params.minibatch_size, world * accum)
     total_steps = params.epochs * steps_per_epoch

@@ -31,3 +31,19 @@ def test_memory_bench_reports_both_peaks_and_a_ratio(tmp_path):
         numbers = summary["cases"][case]
         assert numbers["rl_assets"]["peak_mib"] > 0 and numbers["trl"]["peak_mib"] > 0
         assert numbers["ratio_rl_assets_over_trl"] > 0
+
+
+def test_memory_bench_takes_a_real_models_folder_with_gradient_checkpointing(tmp_path):
+    from real_models import save_real_model
+
+    model = save_real_model(tmp_path / "model", "llama", hidden_size=32, generation_defaults={})
+    out = tmp_path / "memory.json"
+    shape = ["--sequences", "4", "--group-size", "2", "--prompt-tokens", "8", "--completion-tokens", "8"]
+    done = subprocess.run([PYTHON, str(REPO / "bench" / "memory.py"), "--model", str(model), "--gradient-checkpointing", *shape, "--cases", "train",
+                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
+    summary = json.loads(out.read_text())
+    assert summary["shape"]["model"] == str(model) and summary["shape"]["gradient_checkpointing"] is True
+    assert summary["shape"]["vocab"] == json.loads((model / "config.json").read_text())["vocab_size"]  # read from the folder
+    numbers = summary["cases"]["train"]
+    assert numbers["rl_assets"]["peak_mib"] > 0 and numbers["trl"]["peak_mib"] > 0

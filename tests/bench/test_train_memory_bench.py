@@ -1,4 +1,4 @@
-"""bench/train_memory.py runs end to end on a tiny random Llama folder: both sides report a peak, a time and the ratios.
+"""bench/train_memory.py runs end to end on a tiny random Llama folder: each configuration reports a peak, a time and the ratios.
 
 No assertion on the ratios: it is a benchmark, not a test.
 """
@@ -15,12 +15,21 @@ SMALL = ["--set", "rollouts.prompts_per_round=2", "--set", "rollouts.samples_per
          "--set", "train.gradient_accumulation_steps=2", "--set", "train.drop_equal_reward_groups=false"]
 
 
-def test_train_memory_bench_reports_both_sides(tmp_path):
+def test_train_memory_bench_reports_each_configuration(tmp_path):
     model = save_real_model(tmp_path / "model", "llama", hidden_size=32, generation_defaults={})
-    done = subprocess.run([PYTHON, str(REPO / "bench" / "train_memory.py"), "--model", str(model), *SMALL], cwd=REPO,
-                          capture_output=True, text=True, timeout=600)
+    configs = ["full", "full_checkpointed_freed", "lora_checkpointed"]
+    done = subprocess.run([PYTHON, str(REPO / "bench" / "train_memory.py"), "--model", str(model), *SMALL, "--configs", ",".join(configs)],
+                          cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
     summary = json.loads(done.stdout.strip().splitlines()[-1])
-    for side in ("default", "fixed"):
-        assert summary[side]["peak_gb"] > 0 and summary[side]["seconds"] >= 0 and summary[side]["steps"] == 1
-    assert summary["peak_ratio"] > 0 and summary["time_ratio"] > 0
+    assert list(summary) == configs
+    for name in configs:
+        assert summary[name]["peak_gb"] > 0 and summary[name]["seconds"] >= 0 and summary[name]["steps"] == 1
+        assert summary[name]["peak_ratio"] > 0 and summary[name]["time_ratio"] > 0
+    assert summary["full"]["peak_ratio"] == 1.0
+
+
+def test_train_memory_bench_names_an_unknown_configuration():
+    done = subprocess.run([PYTHON, str(REPO / "bench" / "train_memory.py"), "--configs", "full,quantum"], cwd=REPO, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2 and "quantum" in done.stderr

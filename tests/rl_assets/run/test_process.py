@@ -48,3 +48,21 @@ def test_a_step_fixes_the_threshold_only_when_params_ask(monkeypatch, tmp_path):
         with pytest.raises(ValueError, match="unknown stage"):
             run_stage("no_such_stage", params, None, tmp_path)
     assert calls == [True]
+
+
+PEAK_PROBE = """
+import json, torch
+from rl_assets.run.process import free_large_blocks_at_once, peak_memory, reset_peak_memory
+free_large_blocks_at_once()  # the block leaves the process when freed, so only the mark remembers it
+block = torch.ones(128 * 1024 * 1024)  # 512 MiB, every page touched
+del block
+with_block = peak_memory()["peak_rss_gb"]
+reset_peak_memory()
+print(json.dumps([with_block, peak_memory()["peak_rss_gb"]]))
+"""
+
+
+def test_the_peak_memory_mark_starts_afresh_for_each_step():
+    done = subprocess.run([sys.executable, "-c", PEAK_PROBE], cwd=REPO, capture_output=True, text=True, check=True, timeout=120)
+    with_block, after_reset = json.loads(done.stdout.strip().splitlines()[-1])
+    assert with_block - after_reset > 0.45  # GB: the freed 512 MiB block counted before the reset, not after it

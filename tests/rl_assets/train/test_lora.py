@@ -143,3 +143,23 @@ def test_adapters_refuse_a_base_that_changed_underneath_them(relative_adapters):
         with pytest.raises(ValueError, match="LoRA base changed") as error:
             load()
         assert trained_on in str(error.value) and replaced in str(error.value) and str(r00.resolve()) in str(error.value)
+
+
+def test_by_default_the_adapters_train_on_the_policy_that_sampled(base):
+    """No adapter dropout unless asked: in train mode the log-probs are those of sampling (the first step's ratio is 1)."""
+    from rl_assets.core.logprobs import completion_logprobs
+
+    model, _ = load_trainable_policy(base, LoraParams(enabled=True, r=4, alpha=8), base)
+    for module in model.modules():  # non-zero adapters, so a dropped input would show
+        if hasattr(module, "lora_B"):
+            torch.nn.init.normal_(module.lora_B["default"].weight, std=0.5)
+    prompts, completions = [[1, 10, 11]] * 2, [[12, 13, 14, 2]] * 2
+    model.eval()
+    with torch.no_grad():
+        sampled, _ = completion_logprobs(model, prompts, completions, pad_id=0)
+    model.train()
+    trained, _ = completion_logprobs(model, prompts, completions, pad_id=0)
+    assert torch.equal(trained.detach(), sampled)
+    with_dropout, _ = load_trainable_policy(base, LoraParams(enabled=True, r=4, alpha=8, dropout=0.5), base)  # what the test would catch
+    assert any(isinstance(m, torch.nn.Dropout) for m in with_dropout.modules())
+    assert not any(isinstance(m, torch.nn.Dropout) for m in model.modules())
