@@ -3,7 +3,7 @@
     rl-assets lineage data/r02/checkpoint         walk a checkpoint back to its raw data
     rl-assets report                              the evaluation table
     rl-assets query "select round, avg(reward) from rewards group by round"   (views over every table)
-    rl-assets generate --checkpoint promoted "7*8="   sample from any checkpoint (id, rNN, folder, promoted)
+    rl-assets generate --checkpoint promoted "7*8="   sample from any checkpoint (id, rNN, folder, promoted); --values: PPO's estimates
     rl-assets rollback [--allow-other-experiment]  restore the previously promoted model of this experiment
     rl-assets track [--run-id ID]                 log the rounds, params and lineage ids to tracking.backends (rl_assets/eval/trackers.py)
     rl-assets serve [--host 127.0.0.1] [--port 8000]  /health, /metrics and OpenAI-compatible completions of the promoted model
@@ -48,6 +48,9 @@ def add_commands(commands) -> None:
     generate.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
     generate.add_argument("--max-new-tokens", type=int, default=16)
     generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--values", action="store_true", help="ppo: each token's probability and the value model's estimate, and "
+                          "the predicted reward (the round's rNN/critic, or --critic)")
+    generate.add_argument("--critic", default=None, help="a value model folder for --values (default: the checkpoint's round's critic)")
     generate.add_argument("--raw", action="store_true", help="send the text as given, not rendered as training rendered problems "
                           "(prompts.template, and the chat template when prompts.chat_template says so)")
     back = commands.add_parser("rollback", help="restore the model promoted before the current one (of this experiment)")
@@ -101,13 +104,14 @@ def run_command(args: argparse.Namespace, *, latest_run_id: Callable[[], str | N
             params = _params()
             print(connect_tables(data_dir(params.experiment), models_dir(params.promotion)).sql(args.sql))
         elif args.command == "generate":
-            from rl_assets.serve.generate import resolve_checkpoint, sample
+            from rl_assets.serve.generate import critic_of, resolve_checkpoint, sample
 
             params = _params()
             path = resolve_checkpoint(args.checkpoint, params.promotion, Path("."), data_dir(params.experiment))
-            print(f"# {path}", file=sys.stderr)
+            critic = Path(args.critic) if args.critic else critic_of(path, data_dir(params.experiment)) if args.values else None
+            print(f"# {path}" + (f" (values: {critic})" if critic else ""), file=sys.stderr)
             rendering = None if args.raw else params.prompts
-            for row in sample(path, args.prompts, args.samples, args.temperature, args.max_new_tokens, args.seed, rendering):
+            for row in sample(path, args.prompts, args.samples, args.temperature, args.max_new_tokens, args.seed, rendering, critic):
                 print(json.dumps(row))
         elif args.command == "rollback":
             from rl_assets.eval.promotion import models_dir, rollback

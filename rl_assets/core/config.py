@@ -291,7 +291,9 @@ class PPOParams(Section):
     lam: float = Field(0.95, ge=0, le=1, description="GAE's lambda: 1.0 Monte-Carlo returns, 0.0 one-step TD on the value model.")
     value_clip: float | None = Field(0.2, gt=0, description="How far a value may move from its pre-round estimate before the value loss "
                                                             "stops pulling it (PPO's clipped value loss); null: unclipped.")
-    critic_learning_rate: float = Field(1e-5, gt=0, description="AdamW learning rate of the value model.")
+    critic_learning_rate: float | None = Field(None, gt=0, description="AdamW learning rate of the value model; null: 10x "
+                                                                       "train.learning_rate (verl's and OpenRLHF's defaults are 10-18x the "
+                                                                       "policy's: a value head starts from nothing).")
     critic_epochs: int | None = Field(None, ge=1, description="Passes of the value model over a round's table; null: train.epochs.")
     critic_warmup_rounds: int = Field(0, ge=0, description="Rounds in which only the value model trains: the policy's checkpoint is its "
                                                            "parent's weights, so the first advantages come from a value model that has "

@@ -109,7 +109,7 @@ def stage_of(key: str) -> tuple[str, int | None]:
 
 
 def flow_order(keys: list[str]) -> list[str]:
-    """`keys` in the order the flow writes them: r00, then each round's rollouts, rewards, critic (ppo), checkpoint, then the rest.
+    """`keys` in the order the flow writes them: r00, then each round's rollouts, rewards, checkpoint, critic (ppo), then the rest.
 
     >>> flow_order(["r02/rollouts", "evaluation", "r01/checkpoint", "r01/rewards"])
     ['r01/rewards', 'r01/checkpoint', 'r02/rollouts', 'evaluation']

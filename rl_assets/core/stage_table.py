@@ -60,13 +60,14 @@ STAGE_TABLE = {
                       (*_RUNNER, *_POLICY, *_EPISODES, "core/logprobs.py", "rollout/")),
     "rewards": Stage("run/stages.py:run_rewards", ("rNN/rewards",), ("rewards",),
                      (*_RUNNER, "core/sandbox.py", "core/user_code.py", "rewards/"), uses_rewards=True),
-    # ppo only: the value model, fitted to the round's returns (both PPO outputs read the parent's estimates the same way)
-    "critic": Stage("run/stages.py:run_critic", ("rNN/critic",), ("seed", "train"),
-                    (*_RUNNER, *_POLICY, "core/logprobs.py", "train/critic.py", "train/policy_gradient.py", "train/advantages.py",
-                     "train/losses.py", "train/train_state.py"), distributed=True),
     "train": Stage("run/stages.py:run_train", ("rNN/checkpoint",), ("seed", "train"),
                    (*_RUNNER, *_POLICY, "core/logprobs.py", "train/policy_gradient.py", "train/advantages.py", "train/losses.py",
                     "train/train_state.py", "train/preference.py", "train/sft.py", "train/critic.py"), distributed=True),
+    # ppo only: the value model, fitted to the round's returns. After train in a round: both read the parent's estimates,
+    # which a resident process then holds for the policy's advantages before this stage trains them in place
+    "critic": Stage("run/stages.py:run_critic", ("rNN/critic",), ("seed", "train"),
+                    (*_RUNNER, *_POLICY, "core/logprobs.py", "train/critic.py", "train/policy_gradient.py", "train/advantages.py",
+                     "train/losses.py", "train/train_state.py"), distributed=True),
     "evaluation": Stage("run/stages.py:run_evaluation", ("evaluation",), ("seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS),
                         (*_RUNNER, *_POLICY, *_EPISODES, "eval/evaluation.py", "eval/curves.py", "rewards/"), uses_rewards=True),
     "reward_model": Stage("train/reward_model.py:train_reward_model", ("reward_model",), ("seed", "reward_model"),

@@ -1,4 +1,4 @@
-"""What a compute process keeps loaded between the steps it runs: the policy and the KL reference.
+"""What a compute process keeps loaded between the steps it runs: the policy, the KL reference and PPO's value model.
 
 A step asks for a checkpoint by path. It gets the model already in memory when that memory holds
 exactly that checkpoint (same id, dtype and device), else a fresh load. A process that runs one
@@ -7,8 +7,8 @@ rounds with one `Loaded`, so round N+1 samples with the model round N has just t
 and the reference stays put while training uses it (train.beta > 0). The carried AdamW moments (twice
 the weights) are not kept: each round reads them from <data>/run_state, so sampling never holds them.
 Both must give the same outputs (tested: bit-identical checkpoint ids), so only what equals a fresh load is kept: a full-weights policy after a round of
-the policy-gradient family, saved in the dtype it is kept in. LoRA adapters (saving merges them)
-and models from TRL's DPO/RFT trainers are loaded again from disk.
+the policy-gradient family, saved in the dtype it is kept in, and a value model (fp32, as saved). LoRA adapters (saving
+merges them) and models from TRL's DPO/RFT trainers are loaded again from disk.
 """
 
 from __future__ import annotations
@@ -26,6 +26,7 @@ class Loaded:
     def __init__(self) -> None:
         self._policy: tuple | None = None  # (checkpoint id, dtype, device, model, tokenizer)
         self._reference: tuple | None = None  # (checkpoint id, device, model)
+        self._critic: tuple | None = None  # ((checkpoint id, how it started, device), model): ppo's value model
         self.engine = None  # the colocated vLLM engine (rollouts_vllm.VllmEngine), created by the first vLLM rollouts
         self.loads: Counter = Counter()  # what came from disk, e.g. {"policy": 1, "reference": 1}
 
@@ -60,3 +61,26 @@ class Loaded:
 
     def drop_reference(self) -> None:
         self._reference = None
+
+    def critic(self, path: str | Path, device: str, start: str | None = None):
+        """PPO's value model from `path` (rl_assets.train.critic.load_critic, `start` as there): the one in memory when it is that."""
+        from rl_assets.train.critic import load_critic
+
+        wanted = (checkpoint_id(path), start, device)
+        if self._critic is not None and self._critic[0] == wanted:
+            return self._critic[1]
+        self._critic = None
+        model = load_critic(path, device, start=start)
+        self.loads["critic"] += 1
+        self._critic = (wanted, model)
+        return model
+
+    def take_critic(self, path: str | Path, device: str, start: str | None = None):
+        """The value model to train in place; out of memory until `keep_critic` puts the trained one back."""
+        model = self.critic(path, device, start)
+        self._critic = None
+        return model
+
+    def keep_critic(self, model, saved_id: str, device: str) -> None:
+        """Keep the value model just saved as `saved_id` (fp32, as loading that folder gives it)."""
+        self._critic = ((saved_id, None, device), model.to(device))

@@ -52,7 +52,7 @@ def write_outputs(keys: list[str], params: Params, root: Path = Path("."), loade
             error.add_note(f"{WRITING}{key}")  # which output failed, for the error report (pipes_child.report_failure)
             error.add_note(f"{WRITING_PATH}{output_path(key, data_dir(params.experiment, root))}")
             raise
-        if stage in ("rollouts", "train"):  # 0 once the run is under way: what residency saves, on the output itself
+        if stage in ("rollouts", "train", "critic"):  # 0 once the run is under way: what residency saves, on the output itself
             metadata = {**metadata, "models_loaded_from_disk": sum(loaded.loads.values()) - before}
         results = evaluate_guards(key, params) if guard and (not dist.is_initialized() or dist.get_rank() == 0) else []
         yield Output(key, metadata, path, results)

@@ -197,15 +197,18 @@ def critic_parent(params: Params, round_number: int, data: Path) -> tuple[Path, 
 
 
 def ppo_round_targets(params: Params, round_number: int, data: Path, device: str, loaded: Loaded, rollouts: pa.Table, rewards: pa.Table,
-                      pad_id: int):
-    """(targets, parent critic, its folder): the parent value model's view of the round's table, as both PPO outputs read it."""
-    from rl_assets.train.critic import load_critic, ppo_targets
+                      pad_id: int, take: bool = False):
+    """(targets, parent critic, its folder): the parent value model's view of the round's table, as both PPO outputs read it.
+
+    `take`: the critic stage trains the parent in place (the train stage, which runs first in a round, only reads it).
+    """
+    from rl_assets.train.critic import ppo_targets
     from rl_assets.train.policy_gradient import join_rewards, policy_masks
 
     path, start = critic_parent(params, round_number, data)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: the value model round {round_number} starts from is missing; run its round (or the reward model) first")
-    critic = load_critic(path, device, start=start)
+    critic = (loaded.take_critic if take else loaded.critic)(path, device, start)
     keep = [0.0 if params.train.mask_truncated_completions and cut else 1.0 for cut in rollouts["truncated"].to_pylist()]
     mask = [[float(m) * k for m in row] for row, k in zip(policy_masks(rollouts), keep)]
     kl_in_reward = params.train.ppo.kl_in_reward and params.train.beta > 0
@@ -227,7 +230,7 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
     rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", data), output_path(f"{prefix}/rewards", data)
     rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
     tokenizer = AutoTokenizer.from_pretrained(output_path(checkpoint_key(0), data))
-    targets, critic, parent = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id)
+    targets, critic, parent = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id, take=True)
     critic, metrics, history = train_critic(critic, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist(), targets,
                                             params.train, pad_id=tokenizer.pad_token_id, seed=params.seed * 1000 + round_number, device=device)
     if dist.is_initialized() and dist.get_rank() != 0:
@@ -237,7 +240,9 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
                "params_hash": params.section_hash("seed", "train"), "metrics": metrics, "history": history, **stage_lineage("critic", params)}
     for table_path in (rollouts_path, rewards_path):
         lineage["code"].update(table_lineage(table_path).get("code", {}))
-    save_checkpoint(critic, tokenizer, output_path(f"{prefix}/critic", data), lineage)
+    saved_id = save_checkpoint(critic, tokenizer, output_path(f"{prefix}/critic", data), lineage)
+    if not (dist.is_initialized() and dist.get_world_size() > 1):  # under torchrun rank 0's copy would be the only one kept
+        loaded.keep_critic(critic, saved_id, device)
     return metrics
 
 

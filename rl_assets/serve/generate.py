@@ -2,6 +2,7 @@
 
     rl-assets generate --checkpoint promoted "7*8="
     rl-assets generate --checkpoint r03 --samples 4 "sum of 4 and 5?"
+    rl-assets generate --checkpoint r03 --values "sum of 4 and 5?"   (ppo: each token's probability and value)
 """
 
 from __future__ import annotations
@@ -40,17 +41,51 @@ def resolve_checkpoint(name: str, promotion: PromotionParams, root: Path = Path(
     raise FileNotFoundError(f"{name!r}: " + (f"{len(found)} checkpoint ids start with it" if found else "no checkpoint folder or id"))
 
 
+def critic_of(checkpoint: Path, data: Path) -> Path:
+    """The value model trained in the round that made `checkpoint` (rNN/critic; a promoted model's by its round)."""
+    card = json.loads((checkpoint / LINEAGE_FILE).read_text())
+    round_number = card.get("round", 0)
+    path = output_path(f"r{round_number:02d}/critic", data)
+    if round_number < 1 or not (path / LINEAGE_FILE).is_file():
+        raise FileNotFoundError(f"{path}: no value model for {checkpoint} (round {round_number}); train.algorithm ppo writes one each "
+                                "round, or name one with --critic")
+    return path
+
+
 def sample(path: Path, prompts: list[str], samples: int, temperature: float, max_new_tokens: int, seed: int,
-           rendering: PromptsParams | None = None) -> list[dict]:
+           rendering: PromptsParams | None = None, critic: Path | None = None) -> list[dict]:
     """`samples` completions per prompt (greedy when temperature is 0), each prompt rendered as training rendered problems
-    (`rendering`: the params' prompts section, its template and chat template) unless it is None (the text as given)."""
+    (`rendering`: the params' prompts section, its template and chat template) unless it is None (the text as given).
+
+    With a value model (`critic`, PPO's rNN/critic) each row also has its tokens, each token's probability under the policy
+    (at the sampling temperature) and the value model's estimate before it; `predicted_reward` is the estimate at the
+    prompt, before any completion token: what the value model expects this policy to score."""
     from rl_assets.core.policy import load_policy, pick_device
     from rl_assets.data.prompts import render
     from rl_assets.rollout.generation import generate
 
-    model, tokenizer = load_policy(path, pick_device("auto"))
+    device = pick_device("auto")
+    model, tokenizer = load_policy(path, device)
     texts = [render(prompt, rendering, tokenizer) for prompt in prompts] if rendering is not None else prompts
     out = generate(model, tokenizer, texts, samples, greedy=temperature == 0, temperature=temperature or 1.0,
                    max_new_tokens=max_new_tokens, seed=seed)
     expanded = [p for p in prompts for _ in range(samples)]
-    return [{"prompt": p, "completion": t, "truncated": tr} for p, t, tr in zip(expanded, out.texts, out.truncated)]
+    rows = [{"prompt": p, "completion": t, "truncated": tr} for p, t, tr in zip(expanded, out.texts, out.truncated)]
+    if critic is None:
+        return rows
+    import torch
+
+    from rl_assets.core.logprobs import completion_logprobs, completion_values
+    from rl_assets.train.critic import load_critic
+
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+    with torch.no_grad():
+        logprobs, _ = completion_logprobs(model, out.prompt_ids, out.completion_ids, pad_id, temperature or 1.0)
+        values, _ = completion_values(load_critic(critic, device), out.prompt_ids, out.completion_ids, pad_id)
+    for i, row in enumerate(rows):
+        n = len(out.completion_ids[i])
+        row.update(tokens=[tokenizer.decode([t]) for t in out.completion_ids[i]],
+                   token_probabilities=[round(p, 4) for p in logprobs[i, :n].exp().tolist()],
+                   values=[round(v, 4) for v in values[i, :n].tolist()],
+                   predicted_reward=round(values[i, 0].item(), 4) if n else None)
+    return rows

@@ -102,6 +102,15 @@ def ppo_targets(critic, prompt_ids: list[list[int]], completion_ids: list[list[i
     return PPOTargets(advantages=advantages, returns=returns, old_values=old_values * token_mask, mask=token_mask)
 
 
+def critic_learning_rate(params: TrainParams) -> float:
+    """train.ppo.critic_learning_rate, or 10x the policy's when unset.
+
+    >>> critic_learning_rate(TrainParams(learning_rate=1e-4)), critic_learning_rate(TrainParams(ppo={"critic_learning_rate": 3e-5}))
+    (0.001, 3e-05)
+    """
+    return params.ppo.critic_learning_rate or 10 * params.learning_rate
+
+
 def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[int]], targets: PPOTargets, params: TrainParams, *,
                  pad_id: int, seed: int, device: str = "cpu", progress: bool = True):
     """Fit the value model to the round's returns: `critic_epochs` passes of shuffled minibatches, PPO's clipped value loss.
@@ -123,7 +132,7 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
     if params.gradient_checkpointing:
         critic.config.use_cache = False
         getattr(critic, "activation_checkpointing_enable", critic.gradient_checkpointing_enable)()
-    optimizer = torch.optim.AdamW(critic.parameters(), lr=params.ppo.critic_learning_rate, weight_decay=params.weight_decay,
+    optimizer = torch.optim.AdamW(critic.parameters(), lr=critic_learning_rate(params), weight_decay=params.weight_decay,
                                   **({"fused": True} if world == 1 else {}))
     critic, optimizer = accelerator.prepare(critic, optimizer)
     critic.train()
