@@ -13,7 +13,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run demo agentic real test ui repro dvc-sync bench tensorboard browser sandbox serve clean real-model docs
+.PHONY: setup run demo agentic rlhf real test ui repro dvc-sync bench tensorboard browser sandbox serve clean real-model docs
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -55,6 +55,10 @@ demo: setup
 # Agentic rounds (examples/agentic/params.yaml): two-digit multiplication with a calculator tool (README: its no-tool baseline).
 agentic: setup
 	RL_ASSETS_PARAMS=examples/agentic/params.yaml $(PY) -m pipelines run
+
+# RLHF (examples/rlhf/params.yaml): a reward model from preference pairs, then PPO with a value model against its score.
+rlhf: setup
+	RL_ASSETS_PARAMS=examples/rlhf/params.yaml $(PY) -m pipelines run
 
 # A real pretrained chat model (examples/smollm2/params.yaml): SmolLM2-135M-Instruct, 4 GRPO rounds, 11 minutes on a 2-core CPU.
 real: setup $(REAL_MODEL)/import.json

@@ -62,7 +62,7 @@ def worker(model_path: str, params_path: str, overrides: list[str]) -> dict:
                                          pad_id=tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id, seed=0,
                                          max_new_tokens=params.rollouts.max_new_tokens, progress=False)
     seconds = time.perf_counter() - started
-    return {"peak_gb": peak_memory()["peak_rss_gb"], "seconds": round(seconds, 1), "steps": metrics["steps"]}
+    return {"peak_gb": peak_memory()["peak_rss_gb"], "seconds": round(seconds, 3), "steps": metrics["steps"]}
 
 
 def main() -> None:
@@ -90,10 +90,10 @@ def main() -> None:
         results[name] = json.loads(done.stdout.strip().splitlines()[-1])
         first = results[names[0]]
         results[name].update(peak_ratio=round(results[name]["peak_gb"] / first["peak_gb"], 3),
-                             time_ratio=round(results[name]["seconds"] / max(first["seconds"], 1e-9), 3))
+                             time_ratio=round(results[name]["seconds"] / first["seconds"], 3) if first["seconds"] else None)
+        ratio = f"{results[name]['time_ratio']:.2f}x" if results[name]["time_ratio"] is not None else "-"
         print(f"{name:<26} peak {results[name]['peak_gb']:.2f} GB ({results[name]['peak_ratio']:.2f}x)  "
-              f"{results[name]['seconds']:.1f} s ({results[name]['time_ratio']:.2f}x)  {' '.join(CONFIGS[name]) or 'as params say'}",
-              file=sys.stderr, flush=True)
+              f"{results[name]['seconds']:.1f} s ({ratio})  {' '.join(CONFIGS[name]) or 'as params say'}", file=sys.stderr, flush=True)
     print(json.dumps(results))
 
 

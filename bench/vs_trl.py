@@ -45,7 +45,8 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
-COPY = ["rl_assets", "pipelines", "data/raw", "dagster.yaml", "workspace.yaml"]
+COPY = ["rl_assets", "pipelines", "data/raw", "examples", "dagster.yaml", "workspace.yaml"]  # examples: their data files
+LINK = ["base_models"]  # imported real models (`make real-model`): read only, linked rather than copied
 
 
 def make_project(params: Path, overrides: list[str]) -> Path:
@@ -56,6 +57,9 @@ def make_project(params: Path, overrides: list[str]) -> Path:
     for item in COPY:
         source = REPO / item
         (shutil.copytree if source.is_dir() else shutil.copy)(source, root / item)
+    for item in LINK:
+        if (REPO / item).is_dir():
+            (root / item).symlink_to(REPO / item)
     shutil.copy(params, root / "params.yaml")
     if overrides:
         data = yaml.safe_load((root / "params.yaml").read_text())

@@ -37,7 +37,7 @@ def problems(steps: list[dict]) -> list[str]:
     """Every file of the trace that is missing, changed, unreadable or not what its child names: `lineage` exits 1 on any."""
     found = []
     for step in steps:
-        for part in (step, *(step[t] for t in ("rollouts", "rewards") if t in step)):
+        for part in (step, *(step[t] for t in ("rollouts", "rewards", "critic") if t in step)):
             status = part.get("status", "ok")
             if status != "ok" or part.get("error"):
                 found.append(f"{part['path']}: {status if status != 'ok' else part['error']}")
@@ -64,12 +64,14 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path("."), data: Path 
     steps, path = [], Path(checkpoint)
     data = data if data is not None else data_dir_of(path) or root / DATA
     connection = duckdb.connect()
+    if read_lineage(path).get("kind") == "critic":  # a value model: its own chain, then the policies that sampled its tables
+        steps, path = _trace_critic(path, root, data)
     while True:
         card = read_lineage(path)
         step = {"kind": "checkpoint", "path": str(path), "checkpoint_id": card["checkpoint_id"], "round": card["round"],
                 "algorithm": card["algorithm"], "parent": card["parent"], "params_hash": card["params_hash"],
                 "code_version": card["code_version"],
-                "status": _checkpoint_status(path, card, steps[-1] if steps else None, root)}
+                "status": _checkpoint_status(path, card, steps[-1] if steps and steps[-1]["kind"] == "checkpoint" else None, root)}
         steps.append(step)
         round_number = card["round"]
         if round_number == 0:
@@ -79,6 +81,8 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path("."), data: Path 
         trained = card["trained_on"]
         step["rollouts"] = {"path": str(rollouts), "hash": trained["rollouts"], "status": _hash_status(rollouts, trained["rollouts"])}
         step["rewards"] = {"path": str(rewards), "hash": trained["rewards"], "status": _hash_status(rewards, trained["rewards"])}
+        if "critic" in trained:  # ppo: the value model whose estimates gave this round's advantages
+            step["critic"] = _value_model_step(trained["critic"], round_number, data, root)
         row = _query(connection, "select count(*), count(distinct prompt_id), any_value(policy_id), any_value(seed), "
                      "any_value(prompts_hash) from read_parquet(?)", rollouts, step["rollouts"])
         if row:
@@ -107,6 +111,40 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path("."), data: Path 
     return steps
 
 
+def _value_model_step(critic_id: str, round_number: int, data: Path, root: Path) -> dict:
+    """Where the value model with `critic_id` that round `round_number` read lies: rNN-1/critic, or in round 1 r00 or the reward model."""
+    candidates = [output_path(f"{round_prefix(round_number - 1)}/critic", data)] if round_number > 1 else \
+        [output_path(checkpoint_key(0), data), output_path("reward_model", data)]
+    for candidate in candidates:
+        card = candidate / "lineage.json"
+        if card.is_file() and json.loads(card.read_text()).get("checkpoint_id") == critic_id:
+            return {"path": str(candidate), "checkpoint_id": critic_id, "status": _checkpoint_status(candidate, read_lineage(candidate), None, root)}
+    return {"path": str(candidates[0]), "checkpoint_id": critic_id, "status": "missing"}
+
+
+def _trace_critic(path: Path, root: Path, data: Path) -> tuple[list[dict], Path]:
+    """The value model's steps back to where it started (r00's body or the reward model), and the checkpoint that sampled
+    its own round's tables (rNN-1/checkpoint), from which the policy walk continues."""
+    steps, top = [], None
+    while True:
+        card = read_lineage(path)
+        if card.get("kind") != "critic":
+            steps.append({"kind": "critic_start", "path": str(path), "checkpoint_id": card["checkpoint_id"],
+                          "status": _checkpoint_status(path, card, steps[-1] if steps else None, root)})
+            break
+        top = top or card["round"]
+        prefix = round_prefix(card["round"])
+        rollouts, rewards = output_path(f"{prefix}/rollouts", data), output_path(f"{prefix}/rewards", data)
+        trained = card["trained_on"]
+        steps.append({"kind": "critic", "path": str(path), "checkpoint_id": card["checkpoint_id"], "round": card["round"],
+                      "parent": card["parent"], "params_hash": card["params_hash"], "code_version": card["code_version"],
+                      "status": _checkpoint_status(path, card, steps[-1] if steps else None, root),
+                      "rollouts": {"path": str(rollouts), "hash": trained["rollouts"], "status": _hash_status(rollouts, trained["rollouts"])},
+                      "rewards": {"path": str(rewards), "hash": trained["rewards"], "status": _hash_status(rewards, trained["rewards"])}})
+        path = root / card["parent_path"]
+    return steps, output_path(checkpoint_key(top - 1), data)
+
+
 def format_trace(steps: list[dict]) -> str:
     """The trace as an indented text tree for the terminal."""
     lines = []
@@ -114,11 +152,20 @@ def format_trace(steps: list[dict]) -> str:
         if step["kind"] == "checkpoint":
             lines.append(f"{step['path']}  id={step['checkpoint_id'][:12]}  {step['algorithm']}  parent={step['parent'][:40]}  "
                          f"params={step['params_hash']}  code={step['code_version']}  [{step['status']}]")
+            if "critic" in step:
+                info = step["critic"]
+                lines.append(f"  └─ advantages from {info['path']}  id={info['checkpoint_id'][:12]}  [{info['status']}]")
             for table in ("rollouts", "rewards"):
                 if table in step:
                     info = step[table]
                     extra = {k: v for k, v in info.items() if k not in {"path", "hash", "status"}}  # includes "error" if unreadable
                     lines.append(f"  └─ {info['path']}  md5={info['hash'][:12]}  [{info['status']}]  {json.dumps(extra, default=str)}")
+        elif step["kind"] in ("critic", "critic_start"):
+            what = f"value model, round {step['round']}" if step["kind"] == "critic" else "value model started from"
+            lines.append(f"{step['path']}  id={step['checkpoint_id'][:12]}  {what}  [{step['status']}]")
+            for table in ("rollouts", "rewards"):
+                if table in step:
+                    lines.append(f"  └─ {step[table]['path']}  md5={step[table]['hash'][:12]}  [{step[table]['status']}]")
         elif step["kind"] == "prompts":
             lines.append(f"{step['path']}  [{step['status']}]")
             for source in step.get("sources", []):

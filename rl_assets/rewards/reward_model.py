@@ -38,16 +38,20 @@ def scoring_text(prompt: str, completion: str, tokenizer) -> str:
 
 
 def reward_model(completions: list[str], prompt: list[str] | None = None, *, path: str, temperature: float = 1.0, batch_size: int = 32,
-                 device: str = "cpu", **kwargs) -> list[float]:
+                 clip: float | None = None, device: str = "cpu", **kwargs) -> list[float]:
     """The model's score of prompt + completion, divided by `temperature`, computed `batch_size` rows at a time.
 
     The text is scored as the model was trained on it: the prompt followed directly by the
     completion, then EOS. A lower temperature spreads the scores, a higher one flattens them.
+    `clip` bounds each score to [-clip, clip] (after the temperature), as PPO setups clip a reward model's
+    score so that a few texts unlike its training pairs cannot dominate a batch.
     """
     import torch
 
     if temperature <= 0:
         raise ValueError(f"reward_model: temperature must be > 0, got {temperature}")
+    if clip is not None and clip <= 0:
+        raise ValueError(f"reward_model: clip must be > 0, got {clip}")
     model, tokenizer = load_scorer(path, device)
     prompt = prompt if prompt is not None else kwargs.get("prompts")  # our tables say `prompt`, TRL's trainers `prompts`
     texts = [scoring_text(p, c, tokenizer) for p, c in zip(prompt or [""] * len(completions), completions)]
@@ -56,4 +60,4 @@ def reward_model(completions: list[str], prompt: list[str] | None = None, *, pat
         for start in range(0, len(texts), batch_size):
             batch = tokenizer(texts[start : start + batch_size], return_tensors="pt", padding=True, truncation=True).to(device)
             scores += (model(**batch).logits[:, 0].float() / temperature).tolist()
-    return scores
+    return scores if clip is None else [min(max(score, -clip), clip) for score in scores]

@@ -10,9 +10,10 @@ import yaml
 
 from dagster import AssetKey, DagsterInstance
 
-from conftest import copy_project, python
+from conftest import REPO, copy_project, python
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage
 from rl_assets.core.paths import flow_order
+from rl_assets.core.schemas import read_table
 from rl_assets.core.storage import content_hash
 
 pytestmark = pytest.mark.e2e
@@ -111,3 +112,72 @@ def test_generate_prints_each_tokens_probability_and_value_and_the_predicted_rew
     assert row["predicted_reward"] == row["values"][0]
     missing = python(["-m", "pipelines", "generate", "--checkpoint", "r00", "--values", "3+4="], project, timeout=300, check=False)
     assert missing.returncode != 0 and "no value model" in missing.stderr and "r00/critic" in missing.stderr
+
+
+def test_rescoring_reruns_the_rounds_value_model_and_policy_and_nothing_it_sampled(ppo_run, tmp_path_factory):
+    project = copy_project(ppo_run[0], tmp_path_factory.mktemp("ppo-rescored") / "project")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["rewards"]["functions"][1]["weight"] = 1.0  # the dense digit-share reward (the micro model never answers right)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
+    critic_before = checkpoint_id(project / "data/r01/critic")
+    done = python(["-m", "pipelines", "run"], project, timeout=1200, RL_ASSETS_DVC_COMMIT="0")
+    assert "from r01/rewards" in done.stderr
+    with DagsterInstance.from_config(str(project / ".dagster")) as instance:
+        last_run = instance.get_runs(limit=1)[0].run_id
+        rerun = {key for key in ["prompts", "r00/checkpoint", *ROUND_KEYS]
+                 if instance.get_latest_materialization_event(AssetKey(key.split("/"))).run_id == last_run}
+    assert {"r01/rewards", "r01/critic", "r01/checkpoint", "r02/critic"} <= rerun
+    assert not {"prompts", "r00/checkpoint", "r01/rollouts"} & rerun  # what was sampled stays
+    assert checkpoint_id(project / "data/r01/critic") != critic_before  # fitted to the new returns
+
+
+def test_a_value_model_written_again_is_the_same(ppo_run, tmp_path_factory):
+    """A killed critic step is redone from its parent and the stored tables: the same bits as the uninterrupted one."""
+    project = copy_project(ppo_run[0], tmp_path_factory.mktemp("ppo-again") / "project")
+    before = checkpoint_id(project / "data/r02/critic")
+    python(["-m", "pipelines", "materialize", "r02/critic"], project, timeout=600, RL_ASSETS_DVC_COMMIT="0")
+    assert checkpoint_id(project / "data/r02/critic") == before
+
+
+def test_rlhf_a_reward_model_from_preferences_then_ppo_against_it_with_the_value_model_started_from_it(micro_template, tmp_path_factory):
+    """examples/rlhf at micro scale: its pairs, its reward functions and its value model start, one round."""
+    import sys
+
+    sys.path.insert(0, str(REPO / "examples" / "rlhf"))
+    from preferences import pairs
+
+    project = copy_project(micro_template, tmp_path_factory.mktemp("rlhf") / "project")
+    (project / "preferences.jsonl").write_text("".join(json.dumps(pair) + "\n" for pair in pairs(64, seed=1)))
+    example = yaml.safe_load((REPO / "examples/rlhf/params.yaml").read_text())
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["reward_model"] = {**example["reward_model"], "preference_data": "preferences.jsonl", "max_steps": 5, "batch_size": 16,
+                              "tiny": params["model"]["tiny"]}
+    params["rewards"]["functions"] = [{**example["rewards"]["functions"][0], "options": {"path": "data/reward_model", "clip": 5.0}},
+                                      example["rewards"]["functions"][1]]
+    params["evaluation"]["correctness"] = example["evaluation"]["correctness"]
+    params["train"].update(PPO, ppo={**PPO["ppo"], **example["train"]["ppo"]})
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
+    python(["-m", "pipelines", "run"], project, timeout=1200, RL_ASSETS_DVC_COMMIT="0")
+    critic = read_lineage(project / "data/r01/critic")
+    assert critic["parent"] == checkpoint_id(project / "data/reward_model")  # the value model started as the reward model
+    rewards = read_table(project / "data/r01/rewards.parquet", "rewards")
+    scores, rule = rewards["score_reward_model"].to_pylist(), rewards["score_arithmetic_answer"].to_pylist()
+    assert rewards["reward"].to_pylist() == pytest.approx(scores)  # the rule has weight 0: trained on the model's score only
+    assert all(-5.0 <= s <= 5.0 for s in scores) and len(set(scores)) > 1
+    assert set(rule) <= {0.0, 1.0}
+    evaluation = read_table(project / "data/evaluation.parquet", "evaluation")
+    assert {"r00/checkpoint", "r01/checkpoint"} <= set(evaluation["checkpoint"].to_pylist())
+
+
+def test_lineage_walks_a_value_model_and_a_ppo_checkpoint_back_to_the_raw_data(ppo_run):
+    project, _ = ppo_run
+    critic = json.loads(python(["-m", "pipelines", "lineage", "data/r02/critic", "--json"], project, timeout=120).stdout)
+    kinds = [step["kind"] for step in critic]
+    assert kinds[:3] == ["critic", "critic", "critic_start"] and "prompts" in kinds and kinds[-1] == "raw"
+    assert critic[2]["path"].endswith("r00/checkpoint") and all(step.get("status", "ok") == "ok" for step in critic)
+    policy = json.loads(python(["-m", "pipelines", "lineage", "data/r02/checkpoint", "--json"], project, timeout=120).stdout)
+    assert policy[0]["critic"]["path"].endswith("r01/critic") and policy[0]["critic"]["status"] == "ok"
+    text = python(["-m", "pipelines", "lineage", "data/r02/checkpoint"], project, timeout=120).stdout
+    assert "advantages from data/r01/critic" in text

@@ -83,7 +83,8 @@ def test_a_compute_step_beats_while_it_runs_and_records_its_duration(tmp_path, m
         return {"rows": 1}, root
 
     monkeypatch.setattr(stages, "_run_stage", step_body)
-    assert stages.run_stage("evaluation", PARAMS, None, tmp_path) == ({"rows": 1}, tmp_path)
+    metadata, path = stages.run_stage("evaluation", PARAMS, None, tmp_path)
+    assert path == tmp_path and metadata.pop("peak_rss_gb") > 0 and metadata == {"rows": 1}  # the step's metadata, and its peak memory
     with pytest.raises(ValueError):
         stages.run_stage("bad", PARAMS, 2, tmp_path)
     assert [s[0]["stage"] for s in seen] == ["evaluation", "bad"] and seen[0][0]["pid"] == os.getpid()

@@ -76,11 +76,15 @@ def test_scores_prefer_chosen_and_follow_temperature_and_batching(trained):
     assert halved == pytest.approx([c / 2 for c in chosen])
     as_in_trl = reward_model(completions=[p["chosen"] for p in PAIRS], prompts=prompts, completion_ids=[[]] * len(PAIRS), path=folder)
     assert as_in_trl == pytest.approx(chosen)  # GRPOTrainer's keywords: prompts, completions, completion_ids
+    bound = sorted(abs(c) for c in chosen)[len(chosen) // 2]  # the median magnitude: some scores lie beyond it
+    clipped = reward_model([p["chosen"] for p in PAIRS], prompt=prompts, path=folder, clip=bound)
+    assert clipped == pytest.approx([min(max(c, -bound), bound) for c in chosen]) and clipped != pytest.approx(chosen)
 
 
 @pytest.mark.parametrize("options,error,message", [
     ({"path": "does/not/exist"}, FileNotFoundError, "no reward model folder"),
     ({"temperature": 0.0}, ValueError, "temperature must be > 0"),
+    ({"clip": 0.0}, ValueError, "clip must be > 0"),
 ])
 def test_scoring_errors(trained, options, error, message):
     with pytest.raises(error, match=message):
