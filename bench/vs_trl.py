@@ -49,6 +49,11 @@ COPY = ["rl_assets", "pipelines", "data/raw", "examples", "dagster.yaml", "works
 LINK = ["base_models"]  # imported real models (`make real-model`): read only, linked rather than copied
 
 
+def _rounded(accuracy: float | None) -> float | None:
+    """An accuracy to 4 places; None where it was not measured (evaluation.greedy: false)."""
+    return None if accuracy is None else round(accuracy, 4)
+
+
 def make_project(params: Path, overrides: list[str]) -> Path:
     """A fresh copy of the project with `params` as its params.yaml, `section.key=value` overrides written into it."""
     import yaml
@@ -113,7 +118,7 @@ def pipeline_curve(root: Path) -> dict:
     for name in checkpoints:
         evaluating += evaluation_s[name] if name != "r00/checkpoint" else 0.0  # r00's evaluation ends before the clock starts
         curve.append({"round": int(name[1:3]), "sampled_accuracy": round(accuracy[(name, "sampled")], 4),
-                      "greedy_accuracy": round(accuracy[(name, "greedy")], 4), "elapsed_s": round(finished[name] - zero, 1),
+                      "greedy_accuracy": _rounded(accuracy.get((name, "greedy"))), "elapsed_s": round(finished[name] - zero, 1),
                       "elapsed_without_evaluation_s": round(finished[name] - zero - evaluating, 1)})
     first = next(r for r in rows if r["mode"] == "sampled")
     return {"curve": curve, "eval": {"prompts": first["n_prompts"], "samples_per_prompt": first["n_samples"],
@@ -215,11 +220,11 @@ def trl_worker(args: argparse.Namespace) -> None:
             torch.set_rng_state(rng[0])
             if rng[1] is not None:
                 torch.cuda.set_rng_state_all(rng[1])
-            self.curve.append({"round": round_number, "sampled_accuracy": round(result["sampled"], 4), "greedy_accuracy": round(result["greedy"], 4),
+            self.curve.append({"round": round_number, "sampled_accuracy": round(result["sampled"], 4), "greedy_accuracy": _rounded(result.get("greedy")),
                                "elapsed_s": round(ended - args.t0 - self.eval_s, 1), "cpu_s": round(cpu - self.eval_cpu_s, 1)})
             self.eval_s += time.time() - ended
             self.eval_cpu_s += time.process_time() - cpu
-            print(f"trl round {round_number}: sampled {result['sampled']:.4f} greedy {result['greedy']:.4f} "
+            print(f"trl round {round_number}: sampled {result['sampled']:.4f} greedy {_rounded(result.get('greedy'))} "
                   f"at {self.curve[-1]['elapsed_s']} s", file=sys.stderr, flush=True)
             return result["sampled"]
 

@@ -153,10 +153,10 @@ def test_rlhf_a_reward_model_from_preferences_then_ppo_against_it_with_the_value
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["reward_model"] = {**example["reward_model"], "preference_data": "preferences.jsonl", "max_steps": 5, "batch_size": 16,
                               "tiny": params["model"]["tiny"]}
-    params["rewards"]["functions"] = [{**example["rewards"]["functions"][0], "options": {"path": "data/reward_model", "clip": 5.0}},
-                                      example["rewards"]["functions"][1]]
+    scored = example["rewards"]["functions"][0]
+    params["rewards"]["functions"] = [{**scored, "options": {**scored["options"], "path": "data/reward_model"}}, example["rewards"]["functions"][1]]
     params["evaluation"]["correctness"] = example["evaluation"]["correctness"]
-    params["train"].update(PPO, ppo={**PPO["ppo"], **example["train"]["ppo"]})
+    params["train"].update(PPO, ppo={**PPO["ppo"], **example["train"]["ppo"], "critic_init": "reward_model"})  # OpenRLHF's start
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
     python(["-m", "pipelines", "run"], project, timeout=1200, RL_ASSETS_DVC_COMMIT="0")
@@ -165,7 +165,8 @@ def test_rlhf_a_reward_model_from_preferences_then_ppo_against_it_with_the_value
     rewards = read_table(project / "data/r01/rewards.parquet", "rewards")
     scores, rule = rewards["score_reward_model"].to_pylist(), rewards["score_arithmetic_answer"].to_pylist()
     assert rewards["reward"].to_pylist() == pytest.approx(scores)  # the rule has weight 0: trained on the model's score only
-    assert all(-5.0 <= s <= 5.0 for s in scores) and len(set(scores)) > 1
+    clip = scored["options"]["clip"]
+    assert all(-clip <= s <= clip for s in scores) and len(set(scores)) > 1
     assert set(rule) <= {0.0, 1.0}
     evaluation = read_table(project / "data/evaluation.parquet", "evaluation")
     assert {"r00/checkpoint", "r01/checkpoint"} <= set(evaluation["checkpoint"].to_pylist())
@@ -181,3 +182,35 @@ def test_lineage_walks_a_value_model_and_a_ppo_checkpoint_back_to_the_raw_data(p
     assert policy[0]["critic"]["path"].endswith("r01/critic") and policy[0]["critic"]["status"] == "ok"
     text = python(["-m", "pipelines", "lineage", "data/r02/checkpoint"], project, timeout=120).stdout
     assert "advantages from data/r01/critic" in text
+
+
+def test_a_lora_policy_trains_with_a_full_value_model(micro_template, tmp_path_factory):
+    project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-lora"))
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["rounds"] = 1
+    params["train"]["lora"] = {"enabled": True, "r": 4, "alpha": 8}
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
+    python(["-m", "pipelines", "run"], project, timeout=1200, RL_ASSETS_DVC_COMMIT="0")
+    assert (project / "data/r01/checkpoint/adapter_config.json").is_file()  # the policy: adapters
+    assert (project / "data/r01/critic/model.safetensors").is_file()  # the value model: every weight
+    assert read_lineage(project / "data/r01/checkpoint")["metrics"]["steps"] >= 1
+
+
+@pytest.mark.parametrize("stage,output", [("critic", "r01/critic"), ("train", "r01/checkpoint")])
+def test_two_processes_train_the_same_value_model_and_policy_as_one(ppo_run, tmp_path_factory, stage, output):
+    """torchrun --nproc_per_node=2 (gloo): the same global minibatches, gradients averaged, so the same update up to summation order."""
+    from safetensors.torch import load_file
+
+    root = tmp_path_factory.mktemp(f"ppo-nproc-{stage}")
+    one, two = copy_project(ppo_run[0], root / "one"), copy_project(ppo_run[0], root / "two")
+    step = ["-m", "rl_assets.run.step", stage, "--round", "1"]
+    python(step, one, timeout=600, OMP_NUM_THREADS="1")
+    python(["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2", *step], two, timeout=600, OMP_NUM_THREADS="1")
+    start = load_file(ppo_run[0] / "data/r00/checkpoint/model.safetensors")
+    weights = [load_file(p / "data" / output / "model.safetensors") for p in (one, two)]
+    assert weights[0].keys() == weights[1].keys()
+    difference = max((weights[0][k] - weights[1][k]).abs().max().item() for k in weights[0])
+    moved = max((weights[0][k] - start[k]).abs().max().item() for k in weights[0] if k in start and start[k].shape == weights[0][k].shape)
+    assert difference <= 0.05 * moved, f"max |w1 - w2| = {difference:.3g} vs the update {moved:.3g}"
+    assert read_lineage(two / "data" / output)["checkpoint_id"] != read_lineage(ppo_run[0] / "data/r00/checkpoint")["checkpoint_id"]
