@@ -152,7 +152,12 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
         carried = parent_moments(parent, data, device) if train.carry_optimizer_state else None
         if train.algorithm == "ppo" and round_number <= train.ppo.critic_warmup_rounds:  # only the value model learns this round
-            metrics, history, optimizer_state = {"steps": 0, "critic_warmup": True}, [], carried
+            from rl_assets.train.policy_gradient import join_rewards
+
+            scores = join_rewards(rollouts, rewards)  # the round's reward curve goes on through the warm-up
+            metrics = {"steps": 0, "critic_warmup": True, "reward_mean": scores.mean().item(),
+                       "reward_std": scores.std().item() if scores.numel() > 1 else 0.0}
+            history, optimizer_state = [], carried
         else:
             model, metrics, history, optimizer_state = train_on_rollouts(
                 model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),

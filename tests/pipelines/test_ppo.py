@@ -214,3 +214,20 @@ def test_two_processes_train_the_same_value_model_and_policy_as_one(ppo_run, tmp
     moved = max((weights[0][k] - start[k]).abs().max().item() for k in weights[0] if k in start and start[k].shape == weights[0][k].shape)
     assert difference <= 0.05 * moved, f"max |w1 - w2| = {difference:.3g} vs the update {moved:.3g}"
     assert read_lineage(two / "data" / output)["checkpoint_id"] != read_lineage(ppo_run[0] / "data/r00/checkpoint")["checkpoint_id"]
+
+
+def test_warm_up_rounds_train_only_the_value_model(micro_template, tmp_path_factory):
+    from safetensors.torch import load_file
+
+    project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-warmup"))
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["train"]["ppo"]["critic_warmup_rounds"] = 1
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
+    python(["-m", "pipelines", "run"], project, timeout=1200, RL_ASSETS_DVC_COMMIT="0")
+    r00, r01, r02 = (load_file(project / f"data/r0{n}/checkpoint/model.safetensors") for n in range(3))
+    assert all(r00[k].equal(r01[k]) for k in r00)  # round 1: the policy stays r00
+    assert read_lineage(project / "data/r01/checkpoint")["metrics"]["critic_warmup"] is True
+    assert read_lineage(project / "data/r01/critic")["metrics"]["steps"] >= 1  # while its value model trains
+    assert any(not r01[k].equal(r02[k]) for k in r01)  # round 2 moves the policy, with advantages from r01/critic
+    assert read_lineage(project / "data/r02/checkpoint")["trained_on"]["critic"] == read_lineage(project / "data/r01/critic")["checkpoint_id"]
