@@ -208,14 +208,13 @@ def ppo_round_targets(params: Params, round_number: int, data: Path, device: str
     `take`: the critic stage trains the parent in place (the train stage, which runs first in a round, only reads it).
     """
     from rl_assets.train.critic import ppo_targets
-    from rl_assets.train.policy_gradient import join_rewards, policy_masks
+    from rl_assets.train.policy_gradient import join_rewards, kept_rows, policy_masks
 
     path, start = critic_parent(params, round_number, data)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: the value model round {round_number} starts from is missing; run its round (or the reward model) first")
     critic = (loaded.take_critic if take else loaded.critic)(path, device, start)
-    keep = [0.0 if params.train.mask_truncated_completions and cut else 1.0 for cut in rollouts["truncated"].to_pylist()]
-    mask = [[float(m) * k for m in row] for row, k in zip(policy_masks(rollouts), keep)]
+    mask = [[float(m) * k for m in row] for row, k in zip(policy_masks(rollouts), kept_rows(rollouts, params.train).tolist())]
     kl_in_reward = params.train.ppo.kl_in_reward and params.train.beta > 0
     targets = ppo_targets(critic, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist(), mask, join_rewards(rollouts, rewards),
                           params.train, pad_id=pad_id, batch_size=params.rollouts.logprob_batch_size,

@@ -26,6 +26,7 @@ from rl_assets.core.logprobs import completion_logprobs, completion_values
 from rl_assets.core.precision import accelerate_mixed_precision, resolve_mixed_precision
 from rl_assets.train.advantages import gae_advantages, token_rewards, whiten
 from rl_assets.train.losses import explained_variance, value_loss
+from rl_assets.train.policy_gradient import padded, step_plan
 
 CRITIC_KIND = "critic"  # the lineage card's `kind` of a value model
 
@@ -62,13 +63,6 @@ class PPOTargets:
         return PPOTargets(*(t[index][:, :width] for t in (self.advantages, self.returns, self.old_values, self.mask)))
 
 
-def _padded(rows: list[list[float]], width: int) -> torch.Tensor:
-    out = torch.zeros(len(rows), width)
-    for i, row in enumerate(rows):
-        out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
-    return out
-
-
 def ppo_targets(critic, prompt_ids: list[list[int]], completion_ids: list[list[int]], mask: list[list[float]], scores: torch.Tensor,
                 params: TrainParams, *, pad_id: int, batch_size: int, stored_logprobs: list[list[float]] | None = None,
                 ref_model=None, temperature: float = 1.0) -> PPOTargets:
@@ -79,7 +73,7 @@ def ppo_targets(critic, prompt_ids: list[list[int]], completion_ids: list[list[i
     `ref_model`: for kl_in_reward, the sampling policy's log-probs and r00, whose per-token k1 KL is the penalty.
     """
     ppo, width = params.ppo, max(1, max(map(len, completion_ids)))
-    token_mask = _padded(mask, width)
+    token_mask = padded(mask, width)
     old_values = torch.zeros(len(prompt_ids), width)
     kl = torch.zeros(len(prompt_ids), width) if ppo.kl_in_reward and params.beta > 0 else None
     was_training = critic.training
@@ -93,7 +87,7 @@ def ppo_targets(critic, prompt_ids: list[list[int]], completion_ids: list[list[i
                 if ref_model is None or stored_logprobs is None:
                     raise ValueError("train.ppo.kl_in_reward with beta > 0 needs the reference model and the stored log-probs")
                 reference, _ = completion_logprobs(ref_model, prompt_ids[span], completion_ids[span], pad_id, temperature)
-                kl[span, : reference.shape[1]] = _padded(stored_logprobs[span], reference.shape[1]) - reference.cpu()
+                kl[span, : reference.shape[1]] = padded(stored_logprobs[span], reference.shape[1]) - reference.cpu()
     critic.train(was_training)
     rewards = token_rewards(scores, token_mask, kl=kl, kl_coef=params.beta)
     advantages, returns = gae_advantages(rewards, old_values * token_mask, token_mask, gamma=ppo.gamma, lam=ppo.lam)
@@ -120,8 +114,6 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
     the value model that gave the advantages predicted them), steps, tokens_per_second.
     """
     from accelerate import Accelerator
-
-    from rl_assets.train.policy_gradient import step_plan
 
     accelerator = Accelerator(cpu=not device.startswith("cuda"),
                               mixed_precision=accelerate_mixed_precision(resolve_mixed_precision(params.mixed_precision, device)))

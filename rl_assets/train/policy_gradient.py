@@ -81,6 +81,14 @@ def loss_beta(params: TrainParams) -> float:
     return 0.0 if params.algorithm == "ppo" and params.ppo.kl_in_reward else params.beta
 
 
+def kept_rows(table: pa.Table, params: TrainParams) -> torch.Tensor:
+    """(N,) 1.0 for a row in the loss, 0.0 for a truncated completion with train.mask_truncated_completions
+    (a cut-off answer is neither right nor wrong)."""
+    if not params.mask_truncated_completions:
+        return torch.ones(table.num_rows)
+    return (~torch.tensor(table["truncated"].to_pylist(), dtype=torch.bool)).float()
+
+
 def policy_masks(rollouts: pa.Table) -> list[list[int]]:
     """Per completion token, 1 where the policy wrote it: an episode's `completion_mask`, all ones for a single completion.
 
@@ -90,7 +98,8 @@ def policy_masks(rollouts: pa.Table) -> list[list[int]]:
     return [mask if mask is not None else [1] * len(ids) for mask, ids in zip(stored, rollouts["completion_ids"].to_pylist())]
 
 
-def _pad(rows: list[list[float]], width: int) -> torch.Tensor:
+def padded(rows: list[list[float]], width: int) -> torch.Tensor:
+    """(len(rows), width) float32, each row right-padded with zeros."""
     out = torch.zeros(len(rows), width)
     for i, row in enumerate(rows):
         out[i, : len(row)] = torch.tensor(row, dtype=torch.float32)
@@ -134,9 +143,7 @@ def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, gr
         advantages = advantages_for(params, reward, group_size) if reward.numel() else reward
     stored = table["logprobs"].to_pylist()
     policy = policy_masks(table)
-    keep = torch.ones(table.num_rows)
-    if params.mask_truncated_completions:  # a cut-off answer is neither right nor wrong: leave it out of the loss
-        keep = (~torch.tensor(table["truncated"].to_pylist(), dtype=torch.bool)).float()
+    keep = kept_rows(table, params)
     return TrainingBatch(prompt_ids=table["prompt_ids"].to_pylist(), completion_ids=table["completion_ids"].to_pylist(), stored=stored,
                          sampler=table["sampler_logprobs"].to_pylist() if params.sampler_correction_cap is not None else [None] * len(stored),
                          policy=policy, advantages=advantages, keep=keep,
@@ -214,11 +221,11 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
         prompts, completions = [batch.prompt_ids[i] for i in rows], [batch.completion_ids[i] for i in rows]
         with accelerator.autocast(), (accelerator.no_sync(model) if micro_index < accum - 1 else contextlib.nullcontext()):
             logprobs, mask, entropy = completion_logprobs(model, prompts, completions, pad_id, temperature, with_entropy=True)
-            mask = mask * batch.keep[rows].to(mask.device)[:, None] * _pad([batch.policy[i] for i in rows], mask.shape[1]).to(mask.device)
-            old = _pad([batch.stored[i] for i in rows], logprobs.shape[1]).to(logprobs.device)
+            mask = mask * batch.keep[rows].to(mask.device)[:, None] * padded([batch.policy[i] for i in rows], mask.shape[1]).to(mask.device)
+            old = padded([batch.stored[i] for i in rows], logprobs.shape[1]).to(logprobs.device)
             weights = None
             if any(batch.sampler[i] is not None for i in rows):
-                sampled = _pad([batch.sampler[i] if batch.sampler[i] is not None else [float("nan")] * len(batch.stored[i]) for i in rows],
+                sampled = padded([batch.sampler[i] if batch.sampler[i] is not None else [float("nan")] * len(batch.stored[i]) for i in rows],
                                logprobs.shape[1]).to(logprobs.device)
                 weights = sampler_importance_weights(old, sampled, mask, params.sampler_correction_cap)
             ref = None
