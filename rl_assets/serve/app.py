@@ -9,7 +9,8 @@
     GET  /v1/models             the checkpoints a request may name
     POST /v1/completions        OpenAI-compatible; `model` is promoted (default), rNN, a checkpoint folder or id (prefix);
                                 each prompt rendered as training rendered problems (prompts.template, the chat template
-                                when prompts.chat_template says so), so a raw question reaches a chat model as a user turn
+                                when prompts.chat_template says so), so a raw question reaches a chat model as a user turn;
+                                `logprobs` gives each token's log-prob, `values` (PPO) also the value model's estimates
     POST /v1/chat/completions   the same for chat messages (the tokenizer's chat template, else one message per line)
 
 Responses carry the checkpoint id as `model` and its lineage under `lineage`. Concurrent requests are
@@ -57,6 +58,10 @@ class _Request(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, description="Seed of the batch's sampling (requests with other seeds batch apart).")
     stream: Literal[False] = Field(False, description="Streaming is not supported.")
+    logprobs: bool | int | None = Field(None, description="Each generated token's log-prob (OpenAI's shape; top alternatives are not "
+                                                          "returned, so top_logprobs is null).")
+    values: bool = Field(False, description="rl-assets: each token's log-prob and the value model's estimate before it, and "
+                                            "predicted_reward, from the checkpoint's round's rNN/critic (train.algorithm ppo).")
 
 
 class CompletionRequest(_Request):
@@ -156,9 +161,11 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
             if request.max_tokens > max_tokens:
                 raise BadRequest(f"max_tokens={request.max_tokens} exceeds the server's limit of {max_tokens}")
             path, lineage = pool.resolve(request.model)
+            critic = pool.critic_for(path) if request.values else None
             sampling = Sampling(request.max_tokens, request.temperature, request.top_p, request.n, request.seed or 0)
             stop = [request.stop] if isinstance(request.stop, str) else list(request.stop or [])
-            result = await until_answered_or_gone(raw, batcher.submit(Job(path, sampling, stop=stop, **job)))
+            result = await until_answered_or_gone(raw, batcher.submit(Job(path, sampling, stop=stop, critic=critic,
+                                                                            logprobs=bool(request.logprobs) or request.values, **job)))
             if result is None:  # the client hung up: its job was dropped; nobody reads this answer
                 code = 499
                 return error(499, "client closed the request", code="client_closed_request")
@@ -210,11 +217,23 @@ async def until_answered_or_gone(request: Request, answer, poll: float = 0.25):
 
 
 def _shape(choices: list[dict], chat: bool) -> dict:
-    if chat:
-        return {"object": "chat.completion", "choices": [{"index": i, "message": {"role": "assistant", "content": c["text"]},
-                                                          "finish_reason": c["finish_reason"], "logprobs": None} for i, c in enumerate(choices)]}
-    return {"object": "text_completion", "choices": [{"index": i, "text": c["text"], "finish_reason": c["finish_reason"], "logprobs": None}
-                                                     for i, c in enumerate(choices)]}
+    """OpenAI's response shapes; `logprobs` in each's own form, and rl-assets' `values` and `predicted_reward` when asked for."""
+    shaped = []
+    for i, c in enumerate(choices):
+        scores, extra = c.get("scores"), {}
+        logprobs = None
+        if scores is not None:
+            if chat:
+                logprobs = {"content": [{"token": t, "logprob": lp, "bytes": list(t.encode()), "top_logprobs": []}
+                                        for t, lp in zip(scores["tokens"], scores["token_logprobs"])]}
+            else:
+                offsets = [sum(map(len, scores["tokens"][:k])) for k in range(len(scores["tokens"]))]
+                logprobs = {"tokens": scores["tokens"], "token_logprobs": scores["token_logprobs"], "top_logprobs": None, "text_offset": offsets}
+            if "values" in scores:
+                extra = {"values": scores["values"], "predicted_reward": scores["predicted_reward"]}
+        body = {"message": {"role": "assistant", "content": c["text"]}} if chat else {"text": c["text"]}
+        shaped.append({"index": i, **body, "finish_reason": c["finish_reason"], "logprobs": logprobs, **extra})
+    return {"object": "chat.completion" if chat else "text_completion", "choices": shaped}
 
 
 def serve(root: Path, params: Params, host: str = "127.0.0.1", port: int = 8000, read_timeout: float = 10.0, **options) -> None:

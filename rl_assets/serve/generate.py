@@ -8,6 +8,7 @@
 from __future__ import annotations
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -73,19 +74,37 @@ def sample(path: Path, prompts: list[str], samples: int, temperature: float, max
     rows = [{"prompt": p, "completion": t, "truncated": tr} for p, t, tr in zip(expanded, out.texts, out.truncated)]
     if critic is None:
         return rows
+    from rl_assets.train.critic import load_critic
+
+    scored = token_scores(model, tokenizer, out.prompt_ids, out.completion_ids, temperature or 1.0, load_critic(critic, device))
+    for row, scores in zip(rows, scored):
+        row.update(tokens=scores["tokens"], token_probabilities=[round(math.exp(lp), 4) for lp in scores["token_logprobs"]],
+                   values=[round(v, 4) for v in scores["values"]], predicted_reward=_rounded(scores["predicted_reward"]))
+    return rows
+
+
+def token_scores(model, tokenizer, prompt_ids: list[list[int]], completion_ids: list[list[int]], temperature: float,
+                 critic=None) -> list[dict]:
+    """Per completion: its tokens (decoded one by one), each token's log-prob under `model` at `temperature`, and with a value
+    model (`critic`) its estimate before each token and `predicted_reward`, the estimate before the first (what it expects
+    this policy to score from the prompt alone; None for an empty completion)."""
     import torch
 
     from rl_assets.core.logprobs import completion_logprobs, completion_values
-    from rl_assets.train.critic import load_critic
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.no_grad():
-        logprobs, _ = completion_logprobs(model, out.prompt_ids, out.completion_ids, pad_id, temperature or 1.0)
-        values, _ = completion_values(load_critic(critic, device), out.prompt_ids, out.completion_ids, pad_id)
-    for i, row in enumerate(rows):
-        n = len(out.completion_ids[i])
-        row.update(tokens=[tokenizer.decode([t]) for t in out.completion_ids[i]],
-                   token_probabilities=[round(p, 4) for p in logprobs[i, :n].exp().tolist()],
-                   values=[round(v, 4) for v in values[i, :n].tolist()],
-                   predicted_reward=round(values[i, 0].item(), 4) if n else None)
-    return rows
+        logprobs, _ = completion_logprobs(model, prompt_ids, completion_ids, pad_id, temperature)
+        values = completion_values(critic, prompt_ids, completion_ids, pad_id)[0] if critic is not None else None
+    out = []
+    for i, ids in enumerate(completion_ids):
+        n = len(ids)
+        row = {"tokens": [tokenizer.decode([t]) for t in ids], "token_logprobs": logprobs[i, :n].tolist()}
+        if values is not None:
+            row.update(values=values[i, :n].tolist(), predicted_reward=values[i, 0].item() if n else None)
+        out.append(row)
+    return out
+
+
+def _rounded(value: float | None) -> float | None:
+    return None if value is None else round(value, 4)

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from rl_assets.core.checkpoints import read_lineage
 from rl_assets.core.config import PromotionParams
-from rl_assets.serve.generate import resolve_checkpoint
+from rl_assets.serve.generate import critic_of, resolve_checkpoint, token_scores
 from rl_assets.eval.promotion import read_card
 
 LINEAGE_KEYS = ("checkpoint_id", "round", "parent", "algorithm", "params_hash", "code_version", "trained_on", "experiment")
@@ -60,6 +60,8 @@ class Job:
     prompts: list[str] | None = None  # /v1/completions
     messages: list[dict] | None = None  # /v1/chat/completions: rendered by the worker with the model's tokenizer
     stop: list[str] = field(default_factory=list)
+    logprobs: bool = False  # each token's log-prob with each choice
+    critic: Path | None = None  # and each token's value by this value model (PPO's rNN/critic)
     loop: asyncio.AbstractEventLoop | None = None
     future: asyncio.Future | None = None
     cancelled: bool = False  # the client hung up: no more slices
@@ -106,14 +108,30 @@ class ModelPool:
             raise UnknownModel(f"{name!r}: not a checkpoint of this project")
         return path, lineage_of(path)
 
+    def critic_for(self, path: Path) -> Path:
+        """The value model of the round that made checkpoint `path`; BadRequest when that round trained none (not PPO)."""
+        try:
+            return critic_of(path, self.data)
+        except FileNotFoundError as error:
+            raise BadRequest(f"values: {error}") from None
+
     def get(self, path: Path):
+        """(model, tokenizer) of a checkpoint folder, loaded once and kept (the `keep` most recent)."""
         from rl_assets.core.policy import load_policy
 
+        return self._cached(path, lambda: load_policy(path, self.device))
+
+    def get_critic(self, path: Path):
+        from rl_assets.train.critic import load_critic
+
+        return self._cached(path, lambda: load_critic(path, self.device))
+
+    def _cached(self, path: Path, load):
         key = read_lineage(path)["checkpoint_id"]  # `promoted` may have changed since the last request: the id says
         if key not in self.loaded:
             while len(self.loaded) >= self.keep:
                 self.loaded.pop(next(iter(self.loaded)))
-            self.loaded[key] = load_policy(path, self.device)
+            self.loaded[key] = load()
         return self.loaded[key]
 
 
@@ -286,13 +304,39 @@ class Batcher:
             self.on_batch(len(prompts) * sampling.n, sum(map(len, out.completion_ids)), time.perf_counter() - started)
         at = 0
         for job, part in ready:
-            for index in range(len(part) * sampling.n):
-                text, stopped = cut_at_stop(out.texts[at + index], job.stop)
-                job.choices.append({"text": text, "finish_reason": "length" if out.truncated[at + index] and not stopped else "stop",
-                                    "tokens": len(out.completion_ids[at + index])})
-            at += len(part) * sampling.n
+            rows = range(at, at + len(part) * sampling.n)
+            try:
+                scores = self._scores(job, model, tokenizer, out, rows, sampling) if job.logprobs else None
+            except Exception as error:  # noqa: BLE001 - a value model that fails to load fails its own request
+                self._finish(job, error=error)
+                at += len(rows)
+                continue
+            for index, row in enumerate(rows):
+                text, stopped = cut_at_stop(out.texts[row], job.stop)
+                choice = {"text": text, "finish_reason": "length" if out.truncated[row] and not stopped else "stop",
+                          "tokens": len(out.completion_ids[row])}
+                if scores is not None:
+                    choice["scores"] = _up_to(scores[index], len(text)) if stopped else scores[index]
+                job.choices.append(choice)
+            at += len(rows)
             if len(job.choices) == len(job.texts) * sampling.n:
                 self._finish(job, result={"choices": job.choices, "prompt_tokens": sum(job.lengths)})
+
+
+    def _scores(self, job: Job, model, tokenizer, out, rows: range, sampling: Sampling) -> list[dict]:
+        """token_scores of a job's rows of the batch: log-probs at the request's temperature, values by its value model."""
+        critic = self.pool.get_critic(job.critic) if job.critic is not None else None
+        return token_scores(model, tokenizer, [out.prompt_ids[r] for r in rows], [out.completion_ids[r] for r in rows],
+                            sampling.temperature or 1.0, critic)
+
+
+def _up_to(scores: dict, chars: int) -> dict:
+    """The scores of the tokens that wrote a choice's first `chars` characters (the text before its stop string)."""
+    kept, written = 0, 0
+    while kept < len(scores["tokens"]) and written < chars:
+        written += len(scores["tokens"][kept])
+        kept += 1
+    return {key: value[:kept] if isinstance(value, list) else value for key, value in scores.items()}
 
 
 def _checked(texts: list[str], max_chars: int) -> list[str]:

@@ -24,9 +24,12 @@ PPO = {"algorithm": "ppo", "minibatch_size": 8, "ppo": {"critic_learning_rate": 
 ROUND_KEYS = [f"r{n:02d}/{name}" for n in (1, 2) for name in ("rollouts", "rewards", "checkpoint", "critic")]
 
 
-def ppo_project(micro_template, folder):
-    """The micro project with two PPO rounds (one sample per prompt: a value model needs no group)."""
-    project = copy_project(micro_template, folder / "project")
+def ppo_project(micro_template, folder, faults: bool = False):
+    """The micro project with two PPO rounds (one sample per prompt: a value model needs no group); `faults`: with the fault
+    reward of tests/faults.py (weight 0), so a test can stop the run at a chosen reward call."""
+    from faults import fault_project
+
+    project = (fault_project if faults else copy_project)(micro_template, folder / "project")
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["rounds"] = 2
     params["rollouts"]["samples_per_prompt"] = 1
@@ -231,3 +234,68 @@ def test_warm_up_rounds_train_only_the_value_model(micro_template, tmp_path_fact
     assert read_lineage(project / "data/r01/critic")["metrics"]["steps"] >= 1  # while its value model trains
     assert any(not r01[k].equal(r02[k]) for k in r01)  # round 2 moves the policy, with advantages from r01/critic
     assert read_lineage(project / "data/r02/checkpoint")["trained_on"]["critic"] == read_lineage(project / "data/r01/critic")["checkpoint_id"]
+
+
+@pytest.fixture(scope="module")
+def fault_reference(micro_template, tmp_path_factory) -> dict:
+    """The uninterrupted PPO run with the fault reward: its outputs' ids and how many reward calls it makes."""
+    from faults import uninterrupted
+
+    project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-reference"), faults=True)
+    _, calls = uninterrupted(project)
+    return {"ids": ids(project), "calls": calls}
+
+
+def test_killed_after_the_last_policy_was_saved_and_before_its_value_model_the_rerun_ends_with_the_same_models(
+        micro_template, tmp_path_factory, fault_reference):
+    """SIGKILL of the run group during r02/checkpoint's held-out evaluation (its last reward calls): the policy is on disk and
+    unreported, the round's value model not trained yet. The rerun ends with the uninterrupted run's outputs, bit for bit."""
+    from faults import interrupted, resumed
+
+    project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-killed"), faults=True)
+    code, log = interrupted(project, f"hold:{fault_reference['calls'] - 1}", "kill-group")
+    assert code != 0 and (project / "data/r02/checkpoint/lineage.json").is_file(), log[-3000:]
+    assert not (project / "data/r02/critic").exists() and "materialized r02/checkpoint" not in log, log[-3000:]
+    resumed(project)
+    assert ids(project) == fault_reference["ids"]
+
+
+def test_a_ppo_run_crashed_at_a_random_reward_call_resumes_to_the_same_models(micro_template, tmp_path_factory, fault_reference):
+    import random
+
+    from faults import SIGNALS, interrupted, resumed
+
+    project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-crashed"), faults=True)
+    call, how = random.randint(1, fault_reference["calls"]), random.choice(list(SIGNALS))
+    interrupted(project, f"reward:{call}", how)
+    resumed(project)
+    assert ids(project) == fault_reference["ids"], f"stopped by {how} at reward call {call} of {fault_reference['calls']}"
+
+
+def test_serve_returns_each_tokens_logprob_and_value_on_request(ppo_run):
+    """POST /v1/completions with `values`: the generate --values columns, in OpenAI's logprobs shape plus the value model's."""
+    from fastapi.testclient import TestClient
+
+    from rl_assets.core.config import load_params
+    from rl_assets.serve.app import create_app
+
+    project, _ = ppo_run
+    app = create_app(project, load_params(project / "params.yaml"), preload=None, status_command=None)
+    with TestClient(app) as client:
+        asked = {"model": "r02", "prompt": "3+4=", "max_tokens": 4}
+        plain = client.post("/v1/completions", json=asked).json()
+        assert plain["choices"][0]["logprobs"] is None and "values" not in plain["choices"][0]
+        scored = client.post("/v1/completions", json={**asked, "values": True}).json()
+        choice = scored["choices"][0]
+        assert choice["text"] == plain["choices"][0]["text"]  # scoring does not change what is generated
+        tokens, logprobs = choice["logprobs"]["tokens"], choice["logprobs"]["token_logprobs"]
+        assert "".join(tokens).startswith(choice["text"]) and len(tokens) == len(logprobs) == len(choice["values"]) >= 1
+        assert all(lp <= 0 for lp in logprobs) and choice["predicted_reward"] == choice["values"][0]
+        generated = json.loads(python(["-m", "pipelines", "generate", "--checkpoint", "r02", "--values", "--max-new-tokens", "4", "3+4="],
+                                      project, timeout=300).stdout.strip().splitlines()[-1])
+        assert choice["values"] == pytest.approx(generated["values"], abs=1e-4)  # the same value model as generate's
+        chat = client.post("/v1/chat/completions", json={"model": "r02", "messages": [{"role": "user", "content": "3+4="}], "max_tokens": 4,
+                                                         "logprobs": True}).json()
+        assert [t["logprob"] for t in chat["choices"][0]["logprobs"]["content"]] and "values" not in chat["choices"][0]
+        refused = client.post("/v1/completions", json={**asked, "model": "r00", "values": True})
+        assert refused.status_code == 400 and "r00/critic" in refused.json()["error"]["message"]
