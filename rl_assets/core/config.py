@@ -25,6 +25,21 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
 
+class SlurmParams(Section):
+    partition: str = Field("", description="Partition of the compute step's job (sbatch --partition); empty: the cluster's default.")
+    time_limit: str = Field("", description="The job's time limit in Slurm's format (sbatch --time, e.g. 04:00:00); empty: the partition's.")
+    cpus_per_task: int = Field(0, ge=0, description="CPUs per task (sbatch --cpus-per-task); 0: not asked for.")
+    mem: str = Field("", description="Memory per node (sbatch --mem, e.g. 64G); empty: not asked for.")
+    requeue: bool = Field(True, description="Let Slurm requeue the job (preemption, a failed node): the requeued job continues after "
+                                            "the outputs the first attempt reported.")
+    sbatch_args: list[str] = Field(default_factory=list, description="More sbatch options, as given on its command line "
+                                                                      "(e.g. [--account=ml, --qos=high]).")
+    shared_dir: str = Field(".rl_assets/slurm", description="Where a step's job script, its log, its Pipes messages and its resolved "
+                                                            "params are written: a folder of the project, which every node must "
+                                                            "see at the same path (as it sees data/).")
+    poll_seconds: float = Field(0.5, gt=0, description="How often the step asks Slurm for its job's state (scontrol show job).")
+
+
 class ComputeParams(Section):
     nproc: int = Field(1, ge=1, le=1024, description="Processes per compute step; torchrun is used when > 1.")
     device: Literal["auto", "cpu", "cuda"] = Field("auto", description="Where compute steps run; auto picks cuda when present.")
@@ -33,7 +48,9 @@ class ComputeParams(Section):
     rdzv_endpoint: str = Field("", description="host:port of the rendezvous for multi-node training (e.g. a k8s headless service).")
     accelerate_config: str = Field("", description="An Accelerate config file (DeepSpeed, FSDP, ...): steps then launch with `accelerate launch`.")
     gpu_memory_fraction: float = Field(1.0, gt=0, le=1, description="Cap on the share of each GPU's memory a step may allocate.")
-    executor: Literal["multiprocess", "k8s"] = Field("multiprocess", description="Dagster executor: local processes, or one pod per step (dagster-k8s).")
+    executor: Literal["multiprocess", "k8s", "slurm"] = Field("multiprocess", description="Where steps run: local processes, one pod per "
+                                                                "step (dagster-k8s), or each compute step as a Slurm job (sbatch).")
+    slurm: SlurmParams = Field(default_factory=SlurmParams, description="The compute steps' Slurm jobs, with executor: slurm.")
     resident: bool = Field(True, description="One child process writes all the round outputs a run asks for, models kept loaded; false: one "
                                              "process per output (always so when nproc, nnodes or accelerate_config ask for several processes).")
     return_freed_memory: bool = Field(False, description="Give each freed tensor of 128 KiB or more back to the system at once (glibc's "
@@ -42,7 +59,7 @@ class ComputeParams(Section):
 
     @model_validator(mode="after")
     def _check_nodes(self):
-        if self.nnodes > 1 and not self.rdzv_endpoint:
+        if self.nnodes > 1 and not self.rdzv_endpoint and self.executor != "slurm":  # under Slurm: the job's first node
             raise ValueError("nnodes > 1 needs rdzv_endpoint (host:port every node can reach)")
         return self
 

@@ -1,0 +1,105 @@
+"""`compute.executor: slurm` against a real Slurm (slurmctld, slurmd and munged started here from Debian's packages):
+the micro pipeline's compute step as a Slurm job, a job Slurm rejects, a cancelled run, a requeued job."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import PYTHON, copy_project, project_env, python
+from faults import fault_project
+from rl_assets.core.checkpoints import checkpoint_id
+from slurm_support import job_state, local_slurm
+
+pytestmark = pytest.mark.e2e
+
+SLURM = ["--set", "compute.executor=slurm"]
+CHECKPOINTS = ["r00/checkpoint", "r01/checkpoint"]
+
+
+@pytest.fixture(scope="module")
+def slurm(tmp_path_factory):
+    with local_slurm(tmp_path_factory.mktemp("slurm")) as env:
+        yield env
+
+
+def ids(project: Path) -> dict[str, str]:
+    return {key: checkpoint_id(project / "data" / key) for key in CHECKPOINTS}
+
+
+def job_ids(project: Path) -> list[str]:
+    return [path.read_text() for path in sorted((project / ".rl_assets/slurm").glob("job-*/job_id"))]
+
+
+def held_run(project: Path, env: dict, log: Path, hold_at: int) -> subprocess.Popen:
+    """The run of a fault project (tests/faults.py) whose reward holds at its `hold_at`-th call, keeping the job busy there."""
+    with open(log, "w") as out:
+        return subprocess.Popen([PYTHON, "-m", "pipelines", "run", *SLURM], cwd=project, stdout=out, stderr=subprocess.STDOUT, text=True,
+                                env={**project_env(project), **env, "RL_ASSETS_DVC_COMMIT": "0", "FAULT_COUNTER": str(project / "fault_calls"),
+                                     "FAULT_HOLD": str(hold_at)}, start_new_session=True)
+
+
+def wait_for(condition, what: str, process: subprocess.Popen, log: Path, timeout: float = 300) -> None:
+    deadline = time.monotonic() + timeout
+    while not condition():
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            raise AssertionError(f"the run ended (or timed out) before {what}:\n{log.read_text()[-4000:]}")
+        time.sleep(0.1)
+
+
+def test_the_compute_step_runs_as_a_slurm_job_and_makes_the_same_models(slurm, micro_template, pipeline_outputs, tmp_path):
+    project = copy_project(micro_template, tmp_path / "project")
+    done = python(["-m", "pipelines", "run", *SLURM], project, timeout=900, RL_ASSETS_DVC_COMMIT="0", **slurm)
+    log = done.stdout + done.stderr
+    [job] = job_ids(project)  # one resident child: one job for every output of the run
+    assert f"slurm job {job} (rl-assets r00/checkpoint..promoted_model) submitted" in log and f"slurm job {job} running on" in log, log[-4000:]
+    assert job_state(job, slurm)["JobState"] == "COMPLETED"
+    assert "materialized r01/checkpoint" in log and "materialized promoted_model" in log
+    assert ids(project) == ids(pipeline_outputs)  # the same models as the run on this machine's own processes
+
+
+def test_a_job_slurm_rejects_fails_the_step_once_with_slurms_reason(slurm, micro_template, tmp_path):
+    project = copy_project(micro_template, tmp_path / "project")
+    done = python(["-m", "pipelines", "run", *SLURM, "--set", "compute.slurm.partition=nope"], project, timeout=600, check=False,
+                  RL_ASSETS_DVC_COMMIT="0", **slurm)
+    log = done.stdout + done.stderr
+    assert done.returncode != 0 and "Slurm rejected the compute step's job: invalid partition specified: nope" in log, log[-4000:]
+    assert log.count("launching: ") == 1, "a rejected job is not retried"
+    assert not job_ids(project) and not (project / "data/r00/checkpoint").exists()
+
+
+def test_a_cancelled_run_cancels_its_slurm_job(slurm, micro_template, tmp_path):
+    project = fault_project(micro_template, tmp_path / "project")
+    log = tmp_path / "run.log"
+    process = held_run(project, slurm, log, hold_at=1)  # r00's held-out evaluation
+    wait_for(lambda: (project / "fault_calls.held").exists(), "its job ran", process, log)
+    [job] = job_ids(project)
+    process.send_signal(signal.SIGTERM)  # Ctrl-C, `kill`: the CLI cancels the Dagster run
+    process.wait(timeout=120)
+    assert f"cancelling slurm job {job}" in log.read_text(), log.read_text()[-4000:]
+    state = job_state(job, slurm)
+    assert state["JobState"] == "CANCELLED", state
+    assert not subprocess.run(["pgrep", "-f", f"pipes_child.*{project}"], capture_output=True).stdout  # nothing of it runs on
+
+
+def test_a_requeued_job_continues_after_what_it_reported_and_makes_the_same_models(slurm, micro_template, pipeline_outputs, tmp_path):
+    """Requeued while it scores r01's rewards (the fault reward holds there: r00's evaluation made the first two calls)."""
+    project = fault_project(micro_template, tmp_path / "project")
+    log = tmp_path / "run.log"
+    process = held_run(project, slurm, log, hold_at=3)
+    wait_for(lambda: (project / "fault_calls.held").exists() and "materialized r01/rollouts" in log.read_text(), "r01/rollouts was reported",
+             process, log)
+    [job] = job_ids(project)
+    subprocess.run(["scontrol", "requeue", job], check=True, env={**os.environ, **slurm})  # as a preemption or a failed node does
+    assert process.wait(timeout=900) == 0, log.read_text()[-4000:]
+    text = log.read_text()
+    assert f"slurm job {job} was requeued (restart 1)" in text, text[-4000:]
+    assert "2 of its outputs were reported by an earlier attempt; continuing from r01/rewards" in text, text[-4000:]
+    assert text.count("materialized r01/rollouts") == 1  # reported once, not written again
+    assert ids(project) == ids(pipeline_outputs)  # the fault reward has weight 0: the same models as the plain run
