@@ -4,7 +4,9 @@
     python -m torch.distributed.run --standalone --nproc_per_node=N -m pipelines.pipes_child r01/checkpoint
 
 Writes the outputs in flow order in this one process, the models kept loaded (rl_assets.run.resident).
-Rank 0 opens the Pipes session and reports each output the moment it is written: its metadata,
+Rank 0 (across machines joined by c10d, the lowest rank of the launcher Dagster started, which the rendezvous may
+number otherwise: rl_assets.run.process.reporting_rank) opens the Pipes session and reports each output the moment
+it is written, as rank 0 wrote it: its metadata,
 its content hash as the data version, and its guards' verdicts as asset checks. A blocking guard
 that fails ends the child before the next output. Other ranks only compute. Imports
 dagster_pipes (no Dagster), so the child stays light.
@@ -33,6 +35,7 @@ import traceback
 from pathlib import Path
 
 ERROR_DIR_ENV = "RL_ASSETS_ERROR_DIR"
+PIPES_CONTEXT_ENV = "DAGSTER_PIPES_CONTEXT"  # set by Dagster in the environment of the process it launched
 REPORTED_ENV = "RL_ASSETS_REPORTED"  # a journal of the outputs reported, for a job that may restart (pipelines.slurm_job)
 DETERMINISTIC_EXIT = 65  # sysexits EX_DATAERR: retrying cannot help
 TRANSIENT_EXIT = 75  # sysexits EX_TEMPFAIL: a retry may succeed
@@ -155,7 +158,8 @@ def run(argv: list[str] | None = None) -> int:
 
     from rl_assets.run import step
     from rl_assets.core.paths import asset_key_path
-    from rl_assets.run.process import quiet_step, start_distributed, stop_distributed
+    from rl_assets.run.process import as_on_rank_0, quiet_step, reporting_rank, start_distributed, stop_distributed
+    from rl_assets.eval.output_guards import evaluate_guards
     from rl_assets.run.resident import write_outputs
 
     args, params = step.parse_args(argv, prog="python -m pipelines.pipes_child")
@@ -169,9 +173,13 @@ def run(argv: list[str] | None = None) -> int:
         if not outputs:
             return 0
     quiet_step()
-    if start_distributed(params) == 0:
+    rank = start_distributed(params)
+    outputs = write_outputs(args.outputs, params)
+    if rank == reporting_rank(launched=PIPES_CONTEXT_ENV in os.environ):  # the process Dagster started reports
         with open_dagster_pipes() as pipes:  # an exception is also reported through Pipes (the run's event log)
-            for output in write_outputs(args.outputs, params):
+            for output in as_on_rank_0(outputs):
+                if rank != 0:  # rank 0 may be another machine's `rl_assets.run.step`, which runs no guards: they run here
+                    output.guards = evaluate_guards(output.key, params)
                 key = "/".join(asset_key_path(output.key, params.experiment))  # the experiment's own asset (paths.asset_key_path)
                 pipes.report_asset_materialization(asset_key=key, metadata=output.metadata, data_version=data_version(output.path))
                 for guard in output.guards:
@@ -181,7 +189,7 @@ def run(argv: list[str] | None = None) -> int:
                     with journal.open("a") as lines:
                         lines.write(output.key + "\n")
     else:
-        for _ in write_outputs(args.outputs, params):
+        for _ in as_on_rank_0(outputs):
             pass
     stop_distributed()
     return 0

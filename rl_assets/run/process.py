@@ -117,7 +117,73 @@ def start_distributed(params) -> int:
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
         dist.init_process_group("nccl" if cuda else "gloo")
+        label_log_lines(f"[rank {dist.get_rank()}] ")
+        print(f"rank {dist.get_rank()} of {dist.get_world_size()} (local rank {os.environ.get('LOCAL_RANK', 0)}, "
+              f"{'nccl' if cuda else 'gloo'})", file=sys.stderr, flush=True)
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def reporting_rank(launched: bool) -> int:
+    """The lowest rank whose process says `launched` (its orchestrator started it: the one that can report), else 0.
+
+    On one machine, or in a Slurm job (srun gives every node the step's environment), every rank says so: rank 0.
+    Across machines joined by torchrun's c10d rendezvous only the launcher the orchestrator started does, and the
+    rendezvous numbers machines in an order of its own. A collective: every rank calls it, in the same place.
+    """
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        return 0
+    said = [False] * dist.get_world_size()
+    dist.all_gather_object(said, launched)
+    return next((rank for rank, launched_here in enumerate(said) if launched_here), 0)
+
+
+def as_on_rank_0(items):
+    """Each of `items` as rank 0 made it (an output's metadata, its guards' verdicts), on every rank: one broadcast each,
+    so every rank must iterate as many (each writes the same outputs)."""
+    import torch.distributed as dist
+
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        yield from items
+        return
+    for item in items:
+        box = [item if dist.get_rank() == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        yield box[0]
+
+
+class _Labelled:
+    """A text stream that starts each line with `label` (what several ranks write into one log stays attributable)."""
+
+    def __init__(self, stream, label: str):
+        self.stream, self.label, self.line_start = stream, label, True
+
+    def write(self, text: str) -> int:
+        pieces = []
+        for piece in text.splitlines(keepends=True):
+            pieces.append(self.label + piece if self.line_start else piece)
+            self.line_start = piece.endswith(("\n", "\r"))  # a progress bar's redraw starts a line too
+        self.stream.write("".join(pieces))
+        return len(text)
+
+    def __getattr__(self, name: str):  # flush, fileno, isatty, encoding, ...: the stream's own
+        return getattr(self.stream, name)
+
+
+def label_log_lines(label: str) -> None:
+    """Start every line this process writes to stderr (its log: warnings, progress, errors, tracebacks) with `label`,
+    including the lines of logging handlers already set up on stderr. stdout, where rank 0 prints results, stays as it is."""
+    import logging
+
+    if isinstance(sys.stderr, _Labelled):
+        return
+    original = sys.stderr
+    sys.stderr = _Labelled(original, label)
+    for logger in [logging.getLogger(), *(item for item in logging.Logger.manager.loggerDict.values() if isinstance(item, logging.Logger))]:
+        for handler in logger.handlers:
+            if isinstance(handler, logging.StreamHandler) and handler.stream is original:
+                handler.setStream(sys.stderr)
 
 
 def stop_distributed() -> None:

@@ -52,25 +52,36 @@ def _is_key(name: str) -> bool:
         return False
 
 
+def stage_key(stage: str, round_number: int | None) -> str:
+    """The output a stage writes (its first), in round `round_number`: `train`, 3 -> r03/checkpoint."""
+    from rl_assets.core.paths import round_prefix
+    from rl_assets.core.stage_table import STAGE_TABLE
+
+    key = STAGE_TABLE[stage].outputs[0]
+    return key.replace("rNN", round_prefix(round_number)) if round_number is not None else key
+
+
 def main(argv: list[str] | None = None) -> int:
     """Run one step, or several outputs resident; rank 0 prints each output path and its scalar metadata."""
     from rl_assets.run.preflight import check_user_code
-    from rl_assets.run.process import quiet_step, start_distributed, stop_distributed
-    from rl_assets.run.resident import write_outputs
+    from rl_assets.run.process import as_on_rank_0, quiet_step, reporting_rank, start_distributed, stop_distributed
+    from rl_assets.run.resident import Output, write_outputs
     from rl_assets.run.stages import run_stage
 
     args, params = parse_args(argv)
     check_user_code(params, args.params)  # the preflight of a run; under Dagster `rl-assets run` took it before the step
     quiet_step()
     rank = start_distributed(params)
-    if args.stage is not None:
-        done = iter([(args.stage, *run_stage(args.stage, params, args.round, Path(".")))])
+    # The same collectives as pipes_child's, so another machine of a Dagster step may run this: Dagster's process reports.
+    printing = rank == reporting_rank(launched=False)
+    if args.stage is not None:  # as an Output, as write_outputs gives them: what another machine's pipes_child expects
+        done = iter([Output(stage_key(args.stage, args.round), *run_stage(args.stage, params, args.round, Path(".")))])
     else:
-        done = ((o.key, o.metadata, o.path) for o in write_outputs(args.outputs, params))
-    for name, metadata, output in done:  # each as soon as it is written
-        if rank == 0:
-            plain = {k: v for k, v in metadata.items() if not isinstance(v, dict)}
-            print(json.dumps({"output": str(output), "step": name, **plain}, indent=2, default=str), flush=True)
+        done = write_outputs(args.outputs, params)
+    for output in as_on_rank_0(done):  # each as soon as it is written, as rank 0 wrote it
+        if printing:
+            plain = {k: v for k, v in output.metadata.items() if not isinstance(v, dict)}
+            print(json.dumps({"output": str(output.path), "step": args.stage or output.key, **plain}, indent=2, default=str), flush=True)
     stop_distributed()
     return 0
 

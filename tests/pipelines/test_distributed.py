@@ -3,13 +3,15 @@
 from __future__ import annotations
 
 import json
+import socket
+import subprocess
 
 import pytest
 from safetensors.torch import load_file
 
 from dagster import AssetKey, DagsterInstance
 
-from conftest import copy_project, python
+from conftest import PYTHON, copy_project, project_env, python
 from rl_assets.core.checkpoints import read_lineage
 from rl_assets.core.storage import file_hash
 
@@ -111,3 +113,55 @@ def test_dagster_step_under_torchrun_reports_once_from_rank_0(trained, tmp_path)
         reported = [e for e in logs if e.dagster_event is not None and e.dagster_event.is_step_materialization]
         assert len(reported) == 1
         assert any("--nproc_per_node=2" in (e.user_message or "") for e in logs)
+
+
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launcher(project, port: int, command: list[str], *options: str) -> subprocess.Popen:
+    """One machine of a two-machine job: torchrun with one process, meeting the other at 127.0.0.1:`port` (c10d)."""
+    rendezvous = ["--nnodes", "2", "--nproc_per_node", "1", "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}",
+                  "--rdzv_id", "rl-assets-r01-checkpoint", *options]
+    return subprocess.Popen([PYTHON, "-m", "torch.distributed.run", *rendezvous, *command], cwd=project, env=project_env(project, **ENV),
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_two_machines_joined_by_c10d_train_as_two_processes_of_one_machine(trained, tmp_path):
+    """Two torchrun launchers (--nnodes 2, one process each) on one project folder, as two machines on a shared filesystem."""
+    project = copy_project(trained["pipeline"], tmp_path / "project")
+    port = free_port()
+    machines = [launcher(project, port, TRAIN) for _ in range(2)]
+    ended = [machine.communicate(timeout=600) for machine in machines]
+    assert [machine.returncode for machine in machines] == [0, 0], [err[-2000:] for _, err in ended]
+    assert read_lineage(project / "data/r01/checkpoint")["world_size"] == 2
+    difference = max_difference(weights(trained["two"]), weights(project))
+    assert difference <= ATOL, f"max |w_one_machine - w_two_machines| = {difference:.3g}"
+    assert sum(out.count('"output"') for out, _ in ended) == 1  # one summary, from the rank that reports
+
+
+def test_a_dagster_step_on_two_machines_reports_once_when_the_other_machine_is_rank_0(trained, tmp_path):
+    """compute.nnodes 2: Dagster's step launches one machine's torchrun; the other machine joins with `rl_assets.run.step`.
+    Its launcher's address sorts first, so the rendezvous gives it rank 0: Dagster's process, rank 1, reports what rank 0 wrote."""
+    project = copy_project(trained["pipeline"], tmp_path / "project")
+    port = free_port()
+    sets = ["compute.nnodes=2", f"compute.rdzv_endpoint=127.0.0.1:{port}"]
+    other = launcher(project, port, [*TRAIN, *(arg for value in sets for arg in ("--set", value))], "--local_addr", "127.0.0.1")
+    try:
+        done = python(["-m", "pipelines", "materialize", "r01/checkpoint"], project, timeout=600, RL_ASSETS_SET=";".join(sets), **ENV)
+        out, err = other.communicate(timeout=120)
+    finally:
+        other.kill()
+    assert other.returncode == 0, err[-2000:]
+    assert '"output"' not in out  # Dagster's process reported; the other machine's rank 0 only wrote
+    assert "[rank 1] " in done.stdout + done.stderr, (done.stdout + done.stderr)[-3000:]  # Dagster's machine held rank 1
+    card = read_lineage(project / "data/r01/checkpoint")
+    assert card["world_size"] == 2
+    assert max_difference(weights(trained["two"]), weights(project)) <= ATOL
+    with DagsterInstance.from_config(str(project / ".dagster")) as instance:
+        latest = instance.get_latest_materialization_event(AssetKey(["r01", "checkpoint"]))
+        assert latest.asset_materialization.tags["dagster/data_version"] == card["checkpoint_id"]
+        reported = [e for e in instance.all_logs(latest.run_id) if e.dagster_event is not None and e.dagster_event.is_step_materialization]
+        assert len(reported) == 1

@@ -70,3 +70,28 @@ def test_rerun_with_other_params_refuses_the_saved_state(pipeline_outputs, tmp_p
     refused = python([*TRAIN, "--set", "train.learning_rate=0.02"], project, timeout=600, check=False, **ENV)
     assert refused.returncode != 0
     assert "refusing to continue it" in refused.stderr and "train.learning_rate: saved 0.01, now 0.02" in refused.stderr
+
+
+def test_a_rank_killed_mid_round_makes_torchrun_restart_the_group_which_resumes_from_its_last_state(pipeline_outputs, tmp_path):
+    """torchrun --max-restarts 1 with 2 processes: one rank SIGKILLed after a save point (a lost GPU, a dead process); torchrun
+    restarts both, they resume from the newest saved state and end with the uninterrupted 2-process run's weights."""
+    elastic = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
+    whole = copy_project(pipeline_outputs, tmp_path / "whole")
+    python([*elastic, *TRAIN], whole, timeout=900, **ENV)
+
+    killed = copy_project(pipeline_outputs, tmp_path / "killed")
+    process = subprocess.Popen([PYTHON, *elastic, "--max-restarts=1", *TRAIN], cwd=killed, env=project_env(killed, **ENV),
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    kill_after = random.Random().choice(range(8, 56, 4))
+    deadline = time.monotonic() + 600
+    while newest_saved_step(killed) < kill_after and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    workers = subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split()
+    assert len(workers) == 2, f"torchrun's workers: {workers}"
+    os.kill(int(random.Random().choice(workers)), signal.SIGKILL)
+    out, err = process.communicate(timeout=900)
+    assert process.returncode == 0, err[-3000:]
+    card = read_lineage(killed / "data/r01/checkpoint")
+    assert card["metrics"]["resumed_from_step"] >= kill_after, f"killed after step {kill_after}: {card['metrics']['resumed_from_step']}"
+    first, second = load_file(whole / "data/r01/checkpoint/model.safetensors"), load_file(killed / "data/r01/checkpoint/model.safetensors")
+    assert all((first[k] == second[k]).all() for k in first), "resumed under torchrun: weights differ from the uninterrupted run"
