@@ -47,6 +47,9 @@ class ComputeParams(Section):
     nnodes: int = Field(1, ge=1, description="Machines per training step; > 1 uses torchrun's c10d rendezvous at rdzv_endpoint.")
     rdzv_endpoint: str = Field("", description="host:port of the rendezvous for multi-node training (e.g. a k8s headless service).")
     accelerate_config: str = Field("", description="An Accelerate config file (DeepSpeed, FSDP, ...): steps then launch with `accelerate launch`.")
+    sharding: Literal["none", "fsdp"] = Field("none", description="fsdp: the training step shards the policy's weights, gradients and "
+                                              "AdamW moments over its processes with torch's FSDP2 (each decoder layer, then the rest; "
+                                              "CPU and GPU); none: each process holds all of them (DDP). Needs several processes.")
     gpu_memory_fraction: float = Field(1.0, gt=0, le=1, description="Cap on the share of each GPU's memory a step may allocate.")
     executor: Literal["multiprocess", "k8s", "slurm"] = Field("multiprocess", description="Where steps run: local processes, one pod per "
                                                                 "step (dagster-k8s), or each compute step as a Slurm job (sbatch).")
@@ -61,6 +64,10 @@ class ComputeParams(Section):
     def _check_nodes(self):
         if self.nnodes > 1 and not self.rdzv_endpoint and self.executor != "slurm":  # under Slurm: the job's first node
             raise ValueError("nnodes > 1 needs rdzv_endpoint (host:port every node can reach)")
+        if self.sharding == "fsdp" and self.nproc * self.nnodes == 1:
+            raise ValueError("sharding fsdp needs several processes to shard over (nproc or nnodes > 1)")
+        if self.sharding == "fsdp" and self.accelerate_config:
+            raise ValueError("sharding fsdp and an accelerate_config both say how to distribute training: keep one")
         return self
 
 
@@ -457,6 +464,20 @@ class Params(Section):
         if self.train.algorithm == "ppo" and self.train.ppo.critic_warmup_rounds >= self.rounds:
             raise ValueError(f"train.ppo.critic_warmup_rounds: {self.train.ppo.critic_warmup_rounds} of rounds={self.rounds} would leave "
                              "the policy untrained; warm-up rounds must be fewer than rounds")
+        return self
+
+    @model_validator(mode="after")
+    def _check_sharding(self):
+        if self.compute.sharding != "fsdp":
+            return self
+        if self.train.lora.enabled:
+            raise ValueError("compute.sharding fsdp with train.lora: LoRA adapters are not sharded yet; use sharding none (DDP), "
+                             "whose memory LoRA already cuts")
+        if self.train.mixed_precision == "fp16":
+            raise ValueError("compute.sharding fsdp with train.mixed_precision fp16: the sharded step has no loss scaler; use bf16")
+        if self.train.algorithm in ("dpo", "rft"):
+            raise ValueError(f"compute.sharding fsdp shards the policy-gradient step; train.algorithm {self.train.algorithm!r} trains "
+                             "with TRL's trainer: give it an Accelerate FSDP config (compute.accelerate_config) instead")
         return self
 
     @model_validator(mode="after")

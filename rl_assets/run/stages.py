@@ -149,7 +149,8 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
             token_advantages, trained_on["critic"] = targets.advantages, checkpoint_id(critic_path)
             del critic, targets
         ref_model = loaded.reference(base, device) if loss_beta(train) > 0 else None
-        state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed)
+        state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed,
+                            sharding=params.compute.sharding)
         carried = parent_moments(parent, data, device) if train.carry_optimizer_state else None
         if train.algorithm == "ppo" and round_number <= train.ppo.critic_warmup_rounds:  # only the value model learns this round
             from rl_assets.train.policy_gradient import join_rewards
@@ -164,7 +165,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
                 temperature=params.rollouts.temperature,
                 pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
                 state_dir=train_state_dir(round_number, data), fingerprint=state,
-                optimizer_state=carried, token_advantages=token_advantages)
+                optimizer_state=carried, token_advantages=token_advantages, shard=params.compute.sharding == "fsdp")
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     from rl_assets.train.policy_gradient import reference_kl

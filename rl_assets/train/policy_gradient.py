@@ -166,23 +166,51 @@ def step_plan(rows: int, table_rows: int, minibatch_size: int, processes: int) -
     return minibatch, rows // minibatch or int(rows >= processes)
 
 
-def make_optimizer(model, params: TrainParams, accelerator, optimizer_state: dict | None, total_steps: int):
-    """(model, optimizer, scheduler) prepared by Accelerate: AdamW, fresh or continuing `optimizer_state`, and the LR schedule."""
+def shard_model(model) -> None:
+    """Shard `model` over the process group with torch's FSDP2 (`fully_shard`): each decoder layer (the classes the model
+    names in `_no_split_modules`, as Accelerate's auto-wrap does), then the rest. Each rank then holds 1/world of the
+    weights, their gradients and AdamW's moments; a layer's weights are gathered for its forward and backward only."""
+    from torch.distributed.fsdp import fully_shard
+
+    layers = set(getattr(model, "_no_split_modules", None) or [])
+    for module in model.modules():
+        if type(module).__name__ in layers:
+            fully_shard(module)
+    fully_shard(model)
+
+
+def inner_optimizer(optimizer):
+    """The torch optimizer itself (Accelerate wraps it; a sharded round uses it bare)."""
+    return getattr(optimizer, "optimizer", optimizer)
+
+
+def make_optimizer(model, params: TrainParams, accelerator, optimizer_state: dict | None, total_steps: int, shard: bool = False):
+    """(model, optimizer, scheduler): AdamW, fresh or continuing `optimizer_state`, and the LR schedule.
+
+    Prepared by Accelerate (DDP across processes, or the FSDP of an Accelerate config), or with `shard` sharded by
+    torch's FSDP2 directly (`shard_model`; Accelerate 1.15 does FSDP on GPUs only, this runs on CPUs too). The sharded
+    model and its optimizer are not handed to Accelerate: its DDP would wrap the shards, and its saved state keeps rank
+    0's optimizer alone (`_save_state` saves every rank's shards with torch.distributed.checkpoint instead).
+    """
     from accelerate import DistributedType
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
     from transformers import get_scheduler
 
+    sharded = shard or accelerator.distributed_type == DistributedType.FSDP
+    if shard:
+        shard_model(model)
     # torch's fused AdamW: one kernel over every tensor, no temporaries as large as the weights (9x faster a step for a 135M
     # model on this CPU, 0.2 GB less at the peak); FSDP's sharded parameters keep the default implementation.
-    fused = {"fused": True} if accelerator.distributed_type != DistributedType.FSDP else {}
+    fused = {} if sharded else {"fused": True}
     optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=params.learning_rate, weight_decay=params.weight_decay,
                                   **fused)
-    model, optimizer = accelerator.prepare(model, optimizer)
+    if not shard:
+        model, optimizer = accelerator.prepare(model, optimizer)
     if optimizer_state is not None:  # loaded into the wrapped model: FSDP shards the whole state it is given
         for group in optimizer.param_groups:  # the saved groups carry the scheduler's key too
             group.setdefault("initial_lr", params.learning_rate)
-        if accelerator.distributed_type == DistributedType.FSDP:
-            set_optimizer_state_dict(model, optimizer.optimizer, optimizer_state, options=StateDictOptions(full_state_dict=True))
+        if sharded:
+            set_optimizer_state_dict(model, inner_optimizer(optimizer), optimizer_state, options=StateDictOptions(full_state_dict=True))
         else:  # set_optimizer_state_dict would first fill zero moments and gradients by a step: 3x the weights' memory, at the peak
             optimizer.optimizer.load_state_dict(index_keyed(optimizer_state, accelerator.unwrap_model(model), optimizer.optimizer))
         for group in optimizer.param_groups:  # this round's settings, the carried moments
@@ -192,17 +220,28 @@ def make_optimizer(model, params: TrainParams, accelerator, optimizer_state: dic
     return model, optimizer, scheduler
 
 
-def resume_point(accelerator, state_dir: Path | None, fingerprint: dict | None, resume: bool) -> tuple[int, list[dict], dict | None]:
+def resume_point(accelerator, state_dir: Path | None, fingerprint: dict | None, resume: bool,
+                 sharded: tuple | None = None) -> tuple[int, list[dict], dict | None]:
     """(first step to take, the history so far, this rank's running sums) from the last saved state that matches, else a fresh start.
 
     Without `resume` the saved states are removed first: a round trained afresh must not resume a stale one later.
+    `sharded`: (model, optimizer) of a round sharded by `shard_model`, whose shards come back from torch.distributed.checkpoint.
     """
     if state_dir is not None and not resume and accelerator.is_main_process:
         shutil.rmtree(state_dir, ignore_errors=True)
     accelerator.wait_for_everyone()
     if state_dir is not None and resume and (found := latest_state(state_dir, fingerprint)):
         path, info = found
-        accelerator.load_state(str(path))
+        accelerator.load_state(str(path))  # the schedule, every rank's RNG (and a prepared model and optimizer)
+        if sharded is not None:
+            import torch.distributed.checkpoint as dcp
+            from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+            model, optimizer = sharded
+            weights, moments = get_state_dict(model, optimizer)
+            state = {"model": weights, "optimizer": moments}
+            dcp.load(state, checkpoint_id=str(path / SHARDED_STATE))
+            set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optimizer"])
         return info["step"], info["history"], json.loads((path / f"sums-rank{accelerator.process_index}.json").read_text())
     return 0, [], None
 
@@ -250,8 +289,11 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
 def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, group_size: int, temperature: float,
                       pad_id: int, seed: int, max_new_tokens: int, device: str = "cpu", ref_model=None,
                       state_dir: Path | None = None, fingerprint: dict | None = None, optimizer_state: dict | None = None,
-                      token_advantages: torch.Tensor | None = None, progress: bool = True):
+                      token_advantages: torch.Tensor | None = None, progress: bool = True, shard: bool = False):
     """Update `model` on the stored table; returns (trained model, the round's metrics, per-step history, optimizer state).
+
+    `shard` (compute.sharding: fsdp, with several processes): torch's FSDP2 shards the weights, gradients and moments
+    (`shard_model`); the end of the round gathers them, and rank 0 returns a whole copy (the other ranks None).
 
     `token_advantages`: ppo's (N, T) GAE advantages from the value model (rl_assets.train.critic.ppo_targets).
 
@@ -259,7 +301,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     `state_dir` and `fingerprint` are where the state is saved every `save_steps`, and which saved state a rerun may resume.
     """
     from accelerate import Accelerator, DistributedType
-    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_optimizer_state_dict
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict, get_optimizer_state_dict
 
     accelerator = Accelerator(cpu=not device.startswith("cuda"),
                               mixed_precision=accelerate_mixed_precision(resolve_mixed_precision(params.mixed_precision, device)))
@@ -274,8 +316,10 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     if params.gradient_checkpointing:
         model.config.use_cache = False
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()  # the new name, where it exists
-    model, optimizer, scheduler = make_optimizer(model, params, accelerator, optimizer_state, total_steps)
-    start_step, history, resumed_sums = resume_point(accelerator, state_dir, fingerprint, params.resume)
+    shard = shard and world > 1
+    model, optimizer, scheduler = make_optimizer(model, params, accelerator, optimizer_state, total_steps, shard=shard)
+    sharded = (model, optimizer) if shard else None  # what _save_state and resume_point keep with torch.distributed.checkpoint
+    start_step, history, resumed_sums = resume_point(accelerator, state_dir, fingerprint, params.resume, sharded)
     sums = resumed_sums or {"steps": 0, "tokens": 0.0, **dict.fromkeys(STEP_METRICS, 0.0), **dict.fromkeys(TOKEN_METRICS, 0.0)}  # this rank's
 
     model.train()
@@ -292,6 +336,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
                                    num_items=batch.tokens[rows].sum().item() / accum,  # dapo: tokens of the global minibatch, per micro-step
                                    ref_model=ref_model, pad_id=pad_id, temperature=temperature, max_new_tokens=max_new_tokens)
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), params.max_grad_norm)
+            grad_norm = grad_norm.full_tensor() if hasattr(grad_norm, "full_tensor") else grad_norm  # sharded: a DTensor
             optimizer.step()
             scheduler.step()
             optimizer.zero_grad(set_to_none=True)
@@ -306,14 +351,20 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
             bar.update()
             bar.set_postfix(loss=f"{point['loss']:.4f}", clip=f"{point['clip_fraction']:.3f}")
             if state_dir is not None and params.save_steps and step % params.save_steps == 0 and step < total_steps:
-                _save_state(accelerator, state_dir, step, {"step": step, "fingerprint": fingerprint, "history": history}, sums, params.keep_last)
+                _save_state(accelerator, state_dir, step, {"step": step, "fingerprint": fingerprint, "history": history}, sums, params.keep_last,
+                            sharded)
     bar.close()
     elapsed = time.perf_counter() - started
     # Collective under FSDP: every rank takes part, rank 0 gets whole tensors (name-keyed, the same format without sharding).
     final_optimizer_state = optimizer_state  # no step taken: the moments that came in go on (a fresh optimizer's would count a step)
     if total_steps:
-        final_optimizer_state = get_optimizer_state_dict(model, optimizer.optimizer, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
-    full_weights = accelerator.get_state_dict(model) if accelerator.distributed_type == DistributedType.FSDP else None
+        final_optimizer_state = get_optimizer_state_dict(model, inner_optimizer(optimizer), options=StateDictOptions(full_state_dict=True,
+                                                                                                                 cpu_offload=True))
+    full_weights = None
+    if shard:
+        full_weights = get_model_state_dict(model, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    elif accelerator.distributed_type == DistributedType.FSDP:
+        full_weights = accelerator.get_state_dict(model)
     model = accelerator.unwrap_model(model, keep_fp32_wrapper=False)  # a plain forward again, as a fresh load has (rl_assets.run.loaded)
     model.eval()
     if params.gradient_checkpointing:
@@ -415,12 +466,21 @@ def _reduce(accelerator, sums: dict) -> dict:
     return out
 
 
-def _save_state(accelerator, state_dir: Path, step: int, info: dict, sums: dict, keep_last: int) -> None:
+SHARDED_STATE = "sharded"  # a saved state's folder of the sharded weights and moments (torch.distributed.checkpoint)
+
+
+def _save_state(accelerator, state_dir: Path, step: int, info: dict, sums: dict, keep_last: int, sharded: tuple | None = None) -> None:
     tmp = state_dir / f".tmp-step-{step:06d}"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)
     accelerator.wait_for_everyone()
     accelerator.save_state(str(tmp))
+    if sharded is not None:  # every rank writes its own shards (Accelerate would keep rank 0's optimizer alone)
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        weights, moments = get_state_dict(*sharded)
+        dcp.save({"model": weights, "optimizer": moments}, checkpoint_id=str(tmp / SHARDED_STATE))
     (tmp / f"sums-rank{accelerator.process_index}.json").write_text(json.dumps(sums))
     accelerator.wait_for_everyone()
     if accelerator.is_main_process:

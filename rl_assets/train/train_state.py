@@ -22,14 +22,14 @@ class TrainStateMismatch(RuntimeError):
     """A saved training state that belongs to another run configuration."""
 
 
-def fingerprint(train: dict, *, inputs: dict[str, str], parent: str, world_size: int, seed: int) -> dict:
-    """What must be equal for a saved state to be continued.
+def fingerprint(train: dict, *, inputs: dict[str, str], parent: str, world_size: int, seed: int, sharding: str = "none") -> dict:
+    """What must be equal for a saved state to be continued (a sharded state is saved in another form: compute.sharding).
 
     >>> fingerprint({"learning_rate": 1e-4, "save_steps": 5}, inputs={"rollouts": "ab"}, parent="p", world_size=1, seed=0)["train"]
     {'learning_rate': 0.0001}
     """
     return {"train": {k: v for k, v in train.items() if k not in NOT_FINGERPRINTED}, "inputs": inputs, "parent": parent,
-            "world_size": world_size, "seed": seed}
+            "world_size": world_size, "seed": seed, **({"compute.sharding": sharding} if sharding != "none" else {})}
 
 
 def _differences(saved: dict, current: dict, prefix: str = "") -> list[str]:
