@@ -51,8 +51,8 @@ def compute_command(keys: list[str], resolved_params: str, compute: ComputeParam
         return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", compute.accelerate_config,
                 "--num_processes", str(compute.nproc * compute.nnodes), "--num_machines", str(compute.nnodes), *args]
     if compute.nnodes > 1:  # under Slurm without an endpoint, the job's script names its first node (pipelines.slurm_job)
-        rendezvous = ["--nnodes", str(compute.nnodes), "--rdzv_backend", "c10d", "--rdzv_id", f"rl-assets-{dvc_stage_name(keys[-1])}",
-                      *(["--rdzv_endpoint", compute.rdzv_endpoint] if compute.rdzv_endpoint else [])]
+        rendezvous = ["--nnodes", str(compute.nnodes), "--rdzv_backend", "c10d", *(["--rdzv_endpoint", compute.rdzv_endpoint] if
+                      compute.rdzv_endpoint else []), "--rdzv_id", f"rl-assets-{dvc_stage_name(keys[-1])}"]
         return [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={compute.nproc}", *args]
     if compute.nproc > 1:
         return [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={compute.nproc}", *args]

@@ -17,6 +17,7 @@ POD_SPECS = """
 import json
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
 import pipelines.definitions as d
+from kubernetes.client import ApiClient
 
 out = {"executor": d.defs().executor.name}
 for node in d.defs().resolve_job_def("rl_pipeline").graph.node_defs:
@@ -27,7 +28,8 @@ for node in d.defs().resolve_job_def("rl_pipeline").graph.node_defs:
     container = job.spec.template.spec.containers[0]
     out[node.name] = {"limits": (container.resources.limits if container.resources else None) or {},
                       "requests": (container.resources.requests if container.resources else None) or {},
-                      "image": container.image, "pool": node.pool}
+                      "image": container.image, "pool": node.pool,
+                      "manifest": ApiClient().sanitize_for_serialization(job)}  # what the executor would send to the cluster
 print(json.dumps(out))
 """
 
@@ -46,6 +48,13 @@ def test_k8s_executor_gives_each_compute_step_its_gpus_and_nothing_to_the_rest()
         assert specs[op]["image"] == "registry.example/rl-assets:1" and specs[op]["pool"] == "gpu"
     for op in ("raw_data", "prompts"):  # CPU-only stages request no GPU
         assert "nvidia.com/gpu" not in specs[op]["limits"], op
+
+
+def test_every_step_job_the_k8s_executor_builds_is_valid_kubernetes():
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    specs = pod_specs(**{"compute.executor": "k8s", "compute.gpus_per_step": "2"})
+    for op in ("raw_data", "prompts", "compute"):
+        kubernetes_validate.validate(specs[op]["manifest"], "1.30", strict=True)
 
 
 def test_default_params_run_on_the_multiprocess_executor_without_gpu_requests():
