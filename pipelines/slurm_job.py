@@ -158,7 +158,8 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         now = (state.get("JobState"), state.get("Reason"))
         if now != seen and now[0] in ("PENDING", "RUNNING"):  # said once per change: waiting (and why), then where it runs
-            print(f"slurm job {job_id} " + (f"pending (reason {now[1]})" if now[0] == "PENDING" else f"running on {state.get('NodeList')}"),
+            why = f" (reason {now[1]})" if now[1] not in (None, "", "None") else ""
+            print(f"slurm job {job_id} " + (f"pending{why}" if now[0] == "PENDING" else f"running on {state.get('NodeList')}"),
                   file=sys.stderr, flush=True)
         seen = now
         if int(state.get("Restarts", "0") or 0) > restarts:

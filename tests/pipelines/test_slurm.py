@@ -13,7 +13,7 @@ import pytest
 
 from conftest import PYTHON, copy_project, project_env, python
 from faults import fault_project
-from rl_assets.core.checkpoints import checkpoint_id
+from rl_assets.core.checkpoints import checkpoint_id, read_lineage
 from slurm_support import job_state, local_slurm
 
 pytestmark = pytest.mark.e2e
@@ -103,3 +103,17 @@ def test_a_requeued_job_continues_after_what_it_reported_and_makes_the_same_mode
     assert "2 of its outputs were reported by an earlier attempt; continuing from r01/rewards" in text, text[-4000:]
     assert text.count("materialized r01/rollouts") == 1  # reported once, not written again
     assert ids(project) == ids(pipeline_outputs)  # the fault reward has weight 0: the same models as the plain run
+
+
+def test_a_step_of_two_processes_runs_torchrun_inside_its_job_and_its_ranks_log_through_it(slurm, micro_template, pipeline_outputs, tmp_path):
+    """compute.nproc 2: one job per output (no resident child), the training output's under torchrun in its job."""
+    project = copy_project(micro_template, tmp_path / "project")
+    done = python(["-m", "pipelines", "run", *SLURM, "--set", "compute.nproc=2"], project, timeout=900, RL_ASSETS_DVC_COMMIT="0",
+                  OMP_NUM_THREADS="1", **slurm)
+    log = done.stdout + done.stderr
+    jobs = job_ids(project)
+    assert len(jobs) == 6 and all(job_state(job, slurm)["JobState"] == "COMPLETED" for job in jobs), log[-4000:]  # r00, r01 x 3, evaluation, promotion
+    assert "slurm job" in log and "(rl-assets r01/checkpoint) submitted" in log
+    assert "[rank 1] rank 1 of 2" in log, log[-4000:]  # rank 1's lines, relayed from the job's log
+    card = read_lineage(project / "data/r01/checkpoint")
+    assert card["world_size"] == 2
