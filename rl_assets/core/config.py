@@ -328,6 +328,9 @@ class PPOParams(Section):
     kl_in_reward: bool = Field(False, description="Take train.beta's KL to r00 as a per-token reward penalty, beta x (log pi_old - "
                                                   "log pi_ref), the classic RLHF form; false: as the k3 term of the loss, as GRPO does.")
     whiten_advantages: bool = Field(True, description="Normalise the GAE advantages to mean 0 and std 1 over the round's policy tokens.")
+    critic_lora: bool = Field(False, description="Train the value model as LoRA adapters (train.lora's r, alpha, dropout and target "
+                                                 "modules) and its value head on the frozen body it started from, saved as adapters "
+                                                 "(works with or without a LoRA policy).")
 
 
 class TrainParams(Section):

@@ -62,22 +62,23 @@ class Loaded:
     def drop_reference(self) -> None:
         self._reference = None
 
-    def critic(self, path: str | Path, device: str, start: str | None = None):
-        """PPO's value model from `path` (rl_assets.train.critic.load_critic, `start` as there): the one in memory when it is that."""
+    def critic(self, path: str | Path, device: str, start: str | None = None, lora=None):
+        """PPO's value model from `path` (rl_assets.train.critic.load_critic, `start` and `lora` as there): the one in memory when it
+        is that."""
         from rl_assets.train.critic import load_critic
 
         wanted = (checkpoint_id(path), start, device)
         if self._critic is not None and self._critic[0] == wanted:
             return self._critic[1]
         self._critic = None
-        model = load_critic(path, device, start=start)
+        model = load_critic(path, device, start=start, lora=lora)
         self.loads["critic"] += 1
         self._critic = (wanted, model)
         return model
 
-    def take_critic(self, path: str | Path, device: str, start: str | None = None):
+    def take_critic(self, path: str | Path, device: str, start: str | None = None, lora=None):
         """The value model to train in place; out of memory until `keep_critic` puts the trained one back."""
-        model = self.critic(path, device, start)
+        model = self.critic(path, device, start, lora)
         self._critic = None
         return model
 

@@ -214,7 +214,8 @@ def ppo_round_targets(params: Params, round_number: int, data: Path, device: str
     path, start = critic_parent(params, round_number, data)
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: the value model round {round_number} starts from is missing; run its round (or the reward model) first")
-    critic = (loaded.take_critic if take else loaded.critic)(path, device, start)
+    lora = params.train.lora if params.train.ppo.critic_lora else None  # trainable adapters in both stages: the one loaded is trained
+    critic = (loaded.take_critic if take else loaded.critic)(path, device, start, lora)
     mask = [[float(m) * k for m in row] for row, k in zip(policy_masks(rollouts), kept_rows(rollouts, params.train).tolist())]
     kl_in_reward = params.train.ppo.kl_in_reward and params.train.beta > 0
     targets = ppo_targets(critic, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist(), mask, join_rewards(rollouts, rewards),
@@ -240,7 +241,9 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
                                             params.train, pad_id=tokenizer.pad_token_id, seed=params.seed * 1000 + round_number, device=device)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
+    start = critic_parent(params, round_number, data)[1] or read_lineage(parent).get("start", "policy")  # how the chain began
     lineage = {"round": round_number, "kind": CRITIC_KIND, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
+               "start": start, "lora": params.train.ppo.critic_lora,
                "trained_on": {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}, "train": params.train.model_dump(mode="json"),
                "params_hash": params.section_hash("seed", "train"), "metrics": metrics, "history": history, **stage_lineage("critic", params)}
     for table_path in (rollouts_path, rewards_path):

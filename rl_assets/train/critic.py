@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 from tqdm.auto import tqdm
 
-from rl_assets.core.config import TrainParams
+from rl_assets.core.config import LoraParams, TrainParams
 from rl_assets.core.logprobs import completion_logprobs, completion_values
 from rl_assets.core.precision import accelerate_mixed_precision, resolve_mixed_precision
 from rl_assets.train.advantages import gae_advantages, token_rewards, whiten
@@ -31,14 +31,25 @@ from rl_assets.train.policy_gradient import padded, step_plan
 CRITIC_KIND = "critic"  # the lineage card's `kind` of a value model
 
 
-def load_critic(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, start: str | None = None):
+def load_critic(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, start: str | None = None,
+                lora: LoraParams | None = None):
     """The value model at `path` (an rNN/critic folder), or a new one from a policy or reward model folder.
 
     `start`: None loads a critic as saved; "policy" puts a zero head on a policy checkpoint's body (values start at 0);
     "reward_model" keeps the reward model's body and head (its score of a prefix is the first value estimate).
+    `lora` (train.lora, when train.ppo.critic_lora): a new value model gets LoRA adapters on its body and a trainable
+    head (PEFT's modules_to_save); a critic saved as adapters loads on the base it names, trainable. Without `lora`,
+    adapters load for reading (generate --values, serve).
     """
     from transformers import AutoConfig, AutoModelForTokenClassification
 
+    if (Path(path) / "adapter_config.json").is_file():  # a LoRA value model: its adapters and head on the body it started from
+        from peft import PeftModel
+
+        from rl_assets.core.policy import adapter_base
+
+        base = load_critic(adapter_base(path), device, dtype, start=_start_of(path))
+        return PeftModel.from_pretrained(base, path, is_trainable=lora is not None).to(device)
     config = AutoConfig.from_pretrained(path)
     if start is not None:  # one output, no dropout (the estimate that trains is the one GAE read), no bias (as a reward head)
         config.num_labels, config.classifier_dropout, config.token_classification_bias = 1, 0.0, False
@@ -46,7 +57,20 @@ def load_critic(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
     model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
     if start == "policy":
         torch.nn.init.zeros_(model.score.weight)
+    if lora is not None and start is not None:
+        from peft import LoraConfig, get_peft_model
+
+        model = get_peft_model(model, LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules,
+                                                 task_type="TOKEN_CLS", modules_to_save=["score"]))
+        model.peft_config[model.active_adapter].base_model_name_or_path = str(Path(path).resolve())  # what save_checkpoint records
     return model.to(device)
+
+
+def _start_of(adapters: str | Path) -> str:
+    """How the body under a LoRA value model was started (its card's `start`): its base is loaded the same way again."""
+    from rl_assets.core.checkpoints import read_lineage
+
+    return read_lineage(adapters).get("start", "policy")
 
 
 @dataclass
@@ -124,7 +148,7 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
     if params.gradient_checkpointing:
         critic.config.use_cache = False
         getattr(critic, "activation_checkpointing_enable", critic.gradient_checkpointing_enable)()
-    optimizer = torch.optim.AdamW(critic.parameters(), lr=critic_learning_rate(params), weight_decay=params.weight_decay,
+    optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=critic_learning_rate(params), weight_decay=params.weight_decay,
                                   **({"fused": True} if world == 1 else {}))
     critic, optimizer = accelerator.prepare(critic, optimizer)
     critic.train()

@@ -299,3 +299,33 @@ def test_serve_returns_each_tokens_logprob_and_value_on_request(ppo_run):
         assert [t["logprob"] for t in chat["choices"][0]["logprobs"]["content"]] and "values" not in chat["choices"][0]
         refused = client.post("/v1/completions", json={**asked, "model": "r00", "values": True})
         assert refused.status_code == 400 and "r00/critic" in refused.json()["error"]["message"]
+
+
+def test_a_lora_value_model_trains_as_adapters_continues_them_and_is_rewritten_the_same(micro_template, tmp_path_factory):
+    from rl_assets.train.critic import load_critic
+
+    project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-lora-critic"))
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["train"]["ppo"]["critic_lora"] = True
+    params["train"]["lora"] = {"enabled": False, "r": 4, "alpha": 8}  # a full policy; the value model takes lora's shape
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
+    python(["-m", "pipelines", "run"], project, timeout=1200, RL_ASSETS_DVC_COMMIT="0")
+    r01, r02 = (project / f"data/r0{n}/critic" for n in (1, 2))
+    for critic in (r01, r02):
+        assert (critic / "adapter_config.json").is_file() and not (critic / "model.safetensors").exists()
+        card = read_lineage(critic)
+        assert card["lora"] is True and card["start"] == "policy" and card["lora_base"]["checkpoint_id"] == checkpoint_id(project / "data/r00/checkpoint")
+    assert read_lineage(r02)["parent"] == read_lineage(r01)["checkpoint_id"]  # round 2 continued round 1's adapters
+    assert read_lineage(project / "data/r02/checkpoint")["trained_on"]["critic"] == read_lineage(r01)["checkpoint_id"]
+    import torch
+
+    with torch.no_grad():
+        values = load_critic(r02)(input_ids=torch.tensor([[1, 5, 6, 7]])).logits
+    assert values.shape == (1, 4, 1) and values.abs().sum() > 0  # the head trained away from zero, restored with the adapters
+    before = read_lineage(r02)["checkpoint_id"]
+    python(["-m", "pipelines", "materialize", "r02/critic"], project, timeout=600, RL_ASSETS_DVC_COMMIT="0")  # from disk, alone
+    assert read_lineage(r02)["checkpoint_id"] == before
+    row = json.loads(python(["-m", "pipelines", "generate", "--checkpoint", "r02", "--values", "--max-new-tokens", "3", "3+4="], project,
+                            timeout=300).stdout.strip().splitlines()[-1])
+    assert len(row["values"]) == len(row["tokens"]) >= 1

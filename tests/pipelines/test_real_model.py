@@ -90,3 +90,18 @@ def test_the_smollm2_example_holds_out_enough_prompts_and_cannot_be_fooled_by_a_
     assert params.evaluation.greedy is False and params.rewards.functions[0].options == {"pick": "strict"}
     stated = ["4 + 18 = 22", "The answer is 22.", "22", "4 means 'twenty-two' in 22 ways.", "22 + 0 = 22\nIt is a classic example"]
     assert math_answer(stated, ["22"] * 5, pick="strict") == [1.0, 1.0, 1.0, 0.0, 0.0]
+
+
+def test_ppo_trains_the_real_model_with_a_value_model_under_bf16_and_gradient_checkpointing(real_project, tmp_path):
+    """Issue 27 on the real model: the round again as PPO, its value model a LlamaForTokenClassification on SmolLM2's body."""
+    project = copy_project(real_project[0], tmp_path / "ppo")
+    sets = ["train.algorithm=ppo", "train.gradient_checkpointing=true", "train.mixed_precision=bf16"]
+    python(["-m", "pipelines", "run", *(arg for value in sets for arg in ("--set", value))], project, timeout=1800)
+    critic, policy = read_lineage(project / "data/r01/critic"), read_lineage(project / "data/r01/checkpoint")
+    assert critic["kind"] == "critic" and critic["metrics"]["steps"] >= 1 and critic["metrics"]["value_loss"] >= 0
+    assert json.loads((project / "data/r01/critic/config.json").read_text())["architectures"] == ["LlamaForTokenClassification"]
+    assert policy["algorithm"] == "ppo" and policy["trained_on"]["critic"] == read_lineage(project / "data/r00/checkpoint")["checkpoint_id"]
+    assert policy["metrics"]["mixed_precision"] == "bf16" and policy["metrics"]["steps"] >= 1
+    row = json.loads(python(["-m", "pipelines", "generate", "--checkpoint", "r01", "--values", "--max-new-tokens", "4", "What is 2 plus 3?"],
+                            project, timeout=600).stdout.strip().splitlines()[-1])
+    assert len(row["tokens"]) == len(row["values"]) >= 1 and row["predicted_reward"] == row["values"][0]

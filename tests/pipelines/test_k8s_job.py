@@ -9,7 +9,7 @@ import yaml
 from conftest import REPO
 from pipelines.steps import compute_command
 from rl_assets.core.config import ComputeParams
-from rl_assets.run.k8s_job import job_name, manifests_text, rendezvous_endpoint, training_job_manifests
+from pipelines.k8s_job import job_name, manifests_text, rendezvous_endpoint, training_job_manifests
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 KUBERNETES = "1.30"  # the oldest release still supported by its cloud providers as of this writing; the manifests use nothing newer
