@@ -117,3 +117,19 @@ def test_a_step_of_two_processes_runs_torchrun_inside_its_job_and_its_ranks_log_
     assert "[rank 1] rank 1 of 2" in log, log[-4000:]  # rank 1's lines, relayed from the job's log
     card = read_lineage(project / "data/r01/checkpoint")
     assert card["world_size"] == 2
+
+
+def test_an_error_in_the_job_fails_the_step_once_with_the_childs_own_line(slurm, micro_template, tmp_path):
+    """The child's error record crosses to Dagster through the project's shared folder, as its messages do."""
+    import yaml
+
+    project = copy_project(micro_template, tmp_path / "project")
+    (project / "micro_bad.py").write_text("def bad(completions, **kwargs):\n    raise ValueError('this reward cannot score')\n")
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["rewards"]["functions"].append({"name": "micro_bad:bad", "weight": 0.0})
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    done = python(["-m", "pipelines", "run", *SLURM], project, timeout=600, check=False, RL_ASSETS_DVC_COMMIT="0", **slurm)
+    log = done.stdout + done.stderr
+    assert done.returncode != 0 and "ValueError: this reward cannot score" in log, log[-4000:]
+    [job] = job_ids(project)  # failed once: an error that would recur is not retried
+    assert job_state(job, slurm)["JobState"] == "FAILED" and job_state(job, slurm)["ExitCode"].startswith("65:")
