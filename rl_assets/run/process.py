@@ -154,7 +154,14 @@ def as_on_rank_0(items):
 
 
 class _Labelled:
-    """A text stream that starts each line with `label` (what several ranks write into one log stays attributable)."""
+    r"""A text stream that starts each line with `label` (what several ranks write into one log stays attributable).
+
+    >>> import io
+    >>> out = io.StringIO()
+    >>> labelled = _Labelled(out, "[rank 1] ")
+    >>> labelled.write("a\nb") + labelled.write("c\n"), out.getvalue()
+    (5, '[rank 1] a\n[rank 1] bc\n')
+    """
 
     def __init__(self, stream, label: str):
         self.stream, self.label, self.line_start = stream, label, True
