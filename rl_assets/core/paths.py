@@ -83,9 +83,9 @@ EVALUATION_METRICS = "evaluation.json"
 EVALUATION_PLOT = "evaluation.png"
 
 
-def train_state_dir(round_number: int, data: Path) -> Path:
-    """Intermediate training states of a round (not an asset output: DVC and Dagster never see it)."""
-    return data / round_prefix(round_number) / "train_state"
+def train_state_dir(round_number: int, data: Path, stage: str = "train") -> Path:
+    """Intermediate training states of a round's `stage` (train, critic; not an asset output: DVC and Dagster never see it)."""
+    return data / round_prefix(round_number) / ("train_state" if stage == "train" else f"{stage}_state")
 
 
 # Which compute stage writes each output (rl_assets.run.stages), and in what order a run writes them.

@@ -237,20 +237,27 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
     rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
     tokenizer = AutoTokenizer.from_pretrained(output_path(checkpoint_key(0), data))
     targets, critic, parent = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id, take=True)
+    from rl_assets.train.train_state import fingerprint
+
+    seed, world = params.seed * 1000 + round_number, dist.get_world_size() if dist.is_initialized() else 1
+    inputs = {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}
+    state = fingerprint(params.train.model_dump(mode="json"), inputs=inputs, parent=checkpoint_id(parent), world_size=world, seed=seed)
     critic, metrics, history = train_critic(critic, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist(), targets,
-                                            params.train, pad_id=tokenizer.pad_token_id, seed=params.seed * 1000 + round_number, device=device)
+                                            params.train, pad_id=tokenizer.pad_token_id, seed=seed, device=device,
+                                            state_dir=train_state_dir(round_number, data, "critic"), fingerprint=state)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     start = critic_parent(params, round_number, data)[1] or read_lineage(parent).get("start", "policy")  # how the chain began
     lineage = {"round": round_number, "kind": CRITIC_KIND, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
                "start": start, "lora": params.train.ppo.critic_lora,
-               "trained_on": {"rollouts": file_hash(rollouts_path), "rewards": file_hash(rewards_path)}, "train": params.train.model_dump(mode="json"),
+               "trained_on": inputs, "train": params.train.model_dump(mode="json"),
                "params_hash": params.section_hash("seed", "train"), "metrics": metrics, "history": history, **stage_lineage("critic", params)}
     for table_path in (rollouts_path, rewards_path):
         lineage["code"].update(table_lineage(table_path).get("code", {}))
     saved_id = save_checkpoint(critic, tokenizer, output_path(f"{prefix}/critic", data), lineage)
     if not (dist.is_initialized() and dist.get_world_size() > 1):  # under torchrun rank 0's copy would be the only one kept
         loaded.keep_critic(critic, saved_id, device)
+    shutil.rmtree(train_state_dir(round_number, data, "critic"), ignore_errors=True)  # saved: its resume points are not needed
     return metrics
 
 

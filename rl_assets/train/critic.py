@@ -26,7 +26,7 @@ from rl_assets.core.logprobs import completion_logprobs, completion_values
 from rl_assets.core.precision import accelerate_mixed_precision, resolve_mixed_precision
 from rl_assets.train.advantages import gae_advantages, token_rewards, whiten
 from rl_assets.train.losses import explained_variance, value_loss
-from rl_assets.train.policy_gradient import padded, step_plan
+from rl_assets.train.policy_gradient import padded, resume_point, save_state, step_plan
 
 CRITIC_KIND = "critic"  # the lineage card's `kind` of a value model
 
@@ -130,12 +130,15 @@ def critic_learning_rate(params: TrainParams) -> float:
 
 
 def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[int]], targets: PPOTargets, params: TrainParams, *,
-                 pad_id: int, seed: int, device: str = "cpu", progress: bool = True):
+                 pad_id: int, seed: int, device: str = "cpu", progress: bool = True, state_dir: Path | None = None,
+                 fingerprint: dict | None = None):
     """Fit the value model to the round's returns: `critic_epochs` passes of shuffled minibatches, PPO's clipped value loss.
 
     Returns (trained critic, metrics, per-step history). Metrics: value_loss (mean over steps), value_clip_fraction,
     explained_variance and value_mean / return_mean of the parent's estimates against this round's returns (how well
-    the value model that gave the advantages predicted them), steps, tokens_per_second.
+    the value model that gave the advantages predicted them), steps, tokens_per_second, resumed_from_step.
+    With `state_dir`, the state is saved every train.save_steps and a rerun resumes from the newest whose `fingerprint`
+    matches, as the policy's training does (policy_gradient.save_state, resume_point).
     """
     from accelerate import Accelerator
 
@@ -151,14 +154,18 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
     optimizer = torch.optim.AdamW([p for p in critic.parameters() if p.requires_grad], lr=critic_learning_rate(params), weight_decay=params.weight_decay,
                                   **({"fused": True} if world == 1 else {}))
     critic, optimizer = accelerator.prepare(critic, optimizer)
+    start_step, history, resumed = resume_point(accelerator, state_dir, fingerprint, params.resume)
+    sums = resumed or {"value_loss": 0.0, "value_clip_fraction": 0.0}  # this rank's, over the steps so far
     critic.train()
-    history, sums, tokens, started = [], {"value_loss": 0.0, "value_clip_fraction": 0.0}, 0.0, time.perf_counter()
-    bar = tqdm(total=epochs * steps_per_epoch, desc="critic", disable=None if progress and rank == 0 else True, leave=False)
+    tokens, started, total = 0.0, time.perf_counter(), epochs * steps_per_epoch
+    bar = tqdm(total=total, initial=start_step, desc="critic", disable=None if progress and rank == 0 else True, leave=False)
     step = 0
     for epoch in range(epochs):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch + 500))  # not the policy's order
         for index in range(steps_per_epoch):
             step += 1
+            if step <= start_step:
+                continue
             rows = order[index * minibatch : (index + 1) * minibatch]
             micro_batches = rows.tensor_split(world)[rank].tensor_split(accum)
             step_loss = step_clipped = step_tokens = 0.0
@@ -185,6 +192,8 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
             history.append({"step": step, "value_loss": step_loss, "value_clip_fraction": clipped, "grad_norm": float(grad_norm)})
             bar.update()
             bar.set_postfix(value_loss=f"{step_loss:.4f}")
+            if state_dir is not None and params.save_steps and step % params.save_steps == 0 and step < total:
+                save_state(accelerator, state_dir, step, {"step": step, "fingerprint": fingerprint, "history": history}, sums, params.keep_last)
     bar.close()
     elapsed = time.perf_counter() - started
     critic = accelerator.unwrap_model(critic, keep_fp32_wrapper=False)
@@ -193,7 +202,7 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
         getattr(critic, "activation_checkpointing_disable", critic.gradient_checkpointing_disable)()
     on = targets.mask
     result = {key: value / max(step, 1) for key, value in sums.items()}
-    result.update(steps=step, tokens_per_second=tokens / elapsed if elapsed and step else 0.0,
+    result.update(steps=step, tokens_per_second=tokens / elapsed if elapsed and step > start_step else 0.0, resumed_from_step=start_step,
                   explained_variance=_finite_or_none(explained_variance(targets.old_values, targets.returns, on)),
                   value_mean=float((targets.old_values * on).sum() / on.sum().clamp(min=1)),
                   return_mean=float((targets.returns * on).sum() / on.sum().clamp(min=1)))

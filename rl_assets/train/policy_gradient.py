@@ -190,7 +190,7 @@ def make_optimizer(model, params: TrainParams, accelerator, optimizer_state: dic
     Prepared by Accelerate (DDP across processes, or the FSDP of an Accelerate config), or with `shard` sharded by
     torch's FSDP2 directly (`shard_model`; Accelerate 1.15 does FSDP on GPUs only, this runs on CPUs too). The sharded
     model and its optimizer are not handed to Accelerate: its DDP would wrap the shards, and its saved state keeps rank
-    0's optimizer alone (`_save_state` saves every rank's shards with torch.distributed.checkpoint instead).
+    0's optimizer alone (`save_state` saves every rank's shards with torch.distributed.checkpoint instead).
     """
     from accelerate import DistributedType
     from torch.distributed.checkpoint.state_dict import StateDictOptions, set_optimizer_state_dict
@@ -318,7 +318,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
         getattr(model, "activation_checkpointing_enable", model.gradient_checkpointing_enable)()  # the new name, where it exists
     shard = shard and world > 1
     model, optimizer, scheduler = make_optimizer(model, params, accelerator, optimizer_state, total_steps, shard=shard)
-    sharded = (model, optimizer) if shard else None  # what _save_state and resume_point keep with torch.distributed.checkpoint
+    sharded = (model, optimizer) if shard else None  # what save_state and resume_point keep with torch.distributed.checkpoint
     start_step, history, resumed_sums = resume_point(accelerator, state_dir, fingerprint, params.resume, sharded)
     sums = resumed_sums or {"steps": 0, "tokens": 0.0, **dict.fromkeys(STEP_METRICS, 0.0), **dict.fromkeys(TOKEN_METRICS, 0.0)}  # this rank's
 
@@ -351,7 +351,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
             bar.update()
             bar.set_postfix(loss=f"{point['loss']:.4f}", clip=f"{point['clip_fraction']:.3f}")
             if state_dir is not None and params.save_steps and step % params.save_steps == 0 and step < total_steps:
-                _save_state(accelerator, state_dir, step, {"step": step, "fingerprint": fingerprint, "history": history}, sums, params.keep_last,
+                save_state(accelerator, state_dir, step, {"step": step, "fingerprint": fingerprint, "history": history}, sums, params.keep_last,
                             sharded)
     bar.close()
     elapsed = time.perf_counter() - started
@@ -469,7 +469,10 @@ def _reduce(accelerator, sums: dict) -> dict:
 SHARDED_STATE = "sharded"  # a saved state's folder of the sharded weights and moments (torch.distributed.checkpoint)
 
 
-def _save_state(accelerator, state_dir: Path, step: int, info: dict, sums: dict, keep_last: int, sharded: tuple | None = None) -> None:
+def save_state(accelerator, state_dir: Path, step: int, info: dict, sums: dict, keep_last: int, sharded: tuple | None = None) -> None:
+    """Save what `resume_point` reads back as `state_dir`/step-NNNNNN (atomically): Accelerate's state (the prepared model and
+    optimizer, every rank's RNG, registered objects), each rank's running `sums`, `info` (step, fingerprint, history) last;
+    with `sharded`, every rank's shards too. Only the newest `keep_last` states are kept."""
     tmp = state_dir / f".tmp-step-{step:06d}"
     if accelerator.is_main_process:
         shutil.rmtree(tmp, ignore_errors=True)

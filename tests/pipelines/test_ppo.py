@@ -329,3 +329,42 @@ def test_a_lora_value_model_trains_as_adapters_continues_them_and_is_rewritten_t
     row = json.loads(python(["-m", "pipelines", "generate", "--checkpoint", "r02", "--values", "--max-new-tokens", "3", "3+4="], project,
                             timeout=300).stdout.strip().splitlines()[-1])
     assert len(row["values"]) == len(row["tokens"]) >= 1
+
+
+def test_a_value_model_step_killed_mid_round_resumes_from_its_last_saved_state(ppo_run, tmp_path_factory):
+    """train.save_steps applies to the value model's step too: SIGKILL after a random save point, rerun, the same weights."""
+    import os
+    import random
+    import signal
+    import subprocess
+    import time
+
+    from conftest import PYTHON, project_env
+
+    settings = ["--set", "train.minibatch_size=2", "--set", "train.ppo.critic_epochs=16", "--set", "train.save_steps=4",
+                "--set", "train.keep_last=2"]
+    step = ["-m", "rl_assets.run.step", "critic", "--round", "1", *settings]
+    root = tmp_path_factory.mktemp("ppo-critic-resume")
+    whole, killed = copy_project(ppo_run[0], root / "whole"), copy_project(ppo_run[0], root / "killed")
+    python(step, whole, timeout=600)
+    states = killed / "data/r01/critic_state"
+
+    def newest() -> int:
+        saved = sorted(states.glob("step-*/trainer_state.json"))
+        return json.loads(saved[-1].read_text())["step"] if saved else 0
+
+    kill_after = random.Random().choice(range(4, 56, 4))
+    process = subprocess.Popen([PYTHON, *step], cwd=killed, env=project_env(killed), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                               start_new_session=True)
+    deadline = time.monotonic() + 600
+    while newest() < kill_after and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    os.killpg(process.pid, signal.SIGKILL)
+    assert process.wait(timeout=60) == -signal.SIGKILL, f"the step ended before the kill: {process.stderr.read().decode()[-2000:]}"
+    saved = newest()
+    python(step, killed, timeout=600)
+    card = read_lineage(killed / "data/r01/critic")
+    assert card["metrics"]["resumed_from_step"] == saved >= kill_after
+    assert card["checkpoint_id"] == read_lineage(whole / "data/r01/critic")["checkpoint_id"]  # bit for bit
+    assert card["history"] == read_lineage(whole / "data/r01/critic")["history"]
+    assert not states.exists(), "a saved value model keeps no resume points"
