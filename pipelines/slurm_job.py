@@ -39,6 +39,7 @@ from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV, REPORTED_EN
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
          "SPECIAL_EXIT", "REVOKED"}
 RENDEZVOUS_PORT = 29500
+UNANSWERED_POLLS = 20  # scontrol failures in a row before the job counts as lost
 
 
 def batch_script(command: list[str], nodes: int) -> str:
@@ -126,6 +127,16 @@ def main(argv: list[str] | None = None) -> int:
     script, log = args.folder / "job.sh", args.folder / "job.log"
     script.write_text(batch_script(command, args.nodes))
     os.environ[REPORTED_ENV] = str(args.folder / "reported")  # exported to the job with the rest of the environment
+    job, cancelled = [], []
+
+    def cancel(signum, frame) -> None:  # installed before the job exists: a stop during sbatch cancels it once it does
+        if job and not cancelled:
+            print(f"{signal.Signals(signum).name}: cancelling slurm job {job[0]}", file=sys.stderr, flush=True)
+            subprocess.run(["scancel", job[0]], check=False)
+        cancelled.append(signum)
+
+    signal.signal(signal.SIGINT, cancel)
+    signal.signal(signal.SIGTERM, cancel)
     submitted = subprocess.run(sbatch_command(args, script, log), capture_output=True, text=True)
     if submitted.returncode != 0:
         reason = " ".join(line.removeprefix("sbatch: error: ") for line in submitted.stderr.splitlines() if line.strip()) or "no reason given"
@@ -134,28 +145,26 @@ def main(argv: list[str] | None = None) -> int:
         leave_record("deterministic", message)
         return DETERMINISTIC_EXIT
     job_id = submitted.stdout.strip().split(";")[0]
+    job.append(job_id)
     (args.folder / "job_id").write_text(job_id)
     print(f"slurm job {job_id} ({args.job_name}) submitted; its log: {log}", file=sys.stderr, flush=True)
-
-    cancelled = []
-
-    def cancel(signum, frame) -> None:
-        if not cancelled:
-            print(f"{signal.Signals(signum).name}: cancelling slurm job {job_id}", file=sys.stderr, flush=True)
-            subprocess.run(["scancel", job_id], check=False)
-        cancelled.append(signum)
-
-    signal.signal(signal.SIGINT, cancel)
-    signal.signal(signal.SIGTERM, cancel)
-    relay, restarts, seen = Relay(log), 0, None
+    if cancelled:  # stopped while sbatch ran
+        cancelled.clear()
+        cancel(signal.SIGTERM, None)
+    relay, restarts, seen, unanswered = Relay(log), 0, None, 0
     while True:
         relay()
         state = job_state(job_id)
-        if state is None:
-            message = f"slurm job {job_id}: Slurm no longer knows it (its end was not seen)"
+        if state is None:  # scontrol failed: the controller may be busy for a moment, or the job long gone
+            unanswered += 1
+            if unanswered < UNANSWERED_POLLS:
+                time.sleep(args.poll)
+                continue
+            message = f"slurm job {job_id}: Slurm did not answer for it {UNANSWERED_POLLS} times in a row (its end was not seen)"
             print(f"error: {message}", file=sys.stderr, flush=True)
             leave_record("transient", message)
             return 1
+        unanswered = 0
         now = (state.get("JobState"), state.get("Reason"))
         if now != seen and now[0] in ("PENDING", "RUNNING"):  # said once per change: waiting (and why), then where it runs
             why = f" (reason {now[1]})" if now[1] not in (None, "", "None") else ""

@@ -73,14 +73,16 @@ def test_rerun_with_other_params_refuses_the_saved_state(pipeline_outputs, tmp_p
 
 
 def test_a_rank_killed_mid_round_makes_torchrun_restart_the_group_which_resumes_from_its_last_state(pipeline_outputs, tmp_path):
-    """torchrun --max-restarts 1 with 2 processes: one rank SIGKILLed after a save point (a lost GPU, a dead process); torchrun
-    restarts both, they resume from the newest saved state and end with the uninterrupted 2-process run's weights."""
+    """torchrun --max-restarts with 2 processes: one rank SIGKILLed after a save point (a lost GPU, a dead process); torchrun
+    restarts both, they resume from the newest saved state and end with the uninterrupted 2-process run's weights.
+    More than one restart is allowed: a restarted gloo group on a loaded machine can fail to connect once (seen in a full
+    suite run: "connectFullMesh failed ... Connection refused"), and each restart resumes from the newest state."""
     elastic = ["-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2"]
     whole = copy_project(pipeline_outputs, tmp_path / "whole")
     python([*elastic, *TRAIN], whole, timeout=900, **ENV)
 
     killed = copy_project(pipeline_outputs, tmp_path / "killed")
-    process = subprocess.Popen([PYTHON, *elastic, "--max-restarts=1", *TRAIN], cwd=killed, env=project_env(killed, **ENV),
+    process = subprocess.Popen([PYTHON, *elastic, "--max-restarts=3", *TRAIN], cwd=killed, env=project_env(killed, **ENV),
                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True)
     kill_after = random.Random().choice(range(8, 56, 4))
     deadline = time.monotonic() + 600
