@@ -4,6 +4,8 @@
     rl-assets materialize r01/rollouts            one asset (each DVC stage's command)
     rl-assets dvc-sync [--check]                  write (or check) dvc.yaml from the graph
     rl-assets status                              JSON health summary; exit 1 when the latest run failed
+    rl-assets push | pull                         to and from the remote (storage.remote; pipelines/remote.py)
+    rl-assets retire --keep N [--dry-run]         retention of round checkpoints (pipelines/retention.py)
 
 and the library's commands that read, sample or serve the outputs without Dagster (rl_assets/cli.py):
 lineage, report, query, generate, rollback, track, serve, import-model. Dagster is imported only by the
@@ -66,6 +68,10 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
             specs = defs().resolve_all_asset_specs()
             reasons = outdated_assets(instance, specs, data_dir(params.experiment), models=Path(params.promotion.directory),
                                       carry_optimizer_state=params.train.carry_optimizer_state)
+            if params.experiment == "default":  # retired checkpoints a step that runs reads: from the remote, or made again
+                from pipelines.retention import needed_again
+
+                reasons = needed_again(reasons, specs, params, say)
             total = len(specs)
             if not reasons:
                 say(f"nothing to do: all {total} assets are up to date (`rl-assets run --all` reruns every one)")
@@ -87,6 +93,7 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
                                  tags={**run_tags(project_params()), **cli_tags()})
         if recorded := record_journal(log):  # what a run stopped before its compute step left (pipelines.steps.compute_step_follows)
             say(f"dvc.lock: recorded {len(recorded)} stages the run wrote before it stopped ({', '.join(recorded)})")
+        finish_storage(instance, params, command, say)
         if result.success:
             say(f"dagster run {result.run_id}: success")
             return True, []
@@ -95,6 +102,25 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
             instance.report_run_canceled(run, message="stopped by a signal to `rl-assets` (SIGTERM or SIGINT); the step being "
                                                       "written was dropped, and the next `rl-assets run` continues from it")
         return False, failure_report(instance, result.run_id)
+
+
+def finish_storage(instance, params, command: str, say) -> None:
+    """At a run's end, failed or not: push what the remote lacks (waiting), say what is not there, then retire
+    (storage.keep_rounds). Under `dvc repro` DVC records each stage after its command: `dvc push` after it."""
+    from pipelines import remote
+    from pipelines.dvc import recording_enabled
+
+    if params.storage.push == "manual" or not recording_enabled():
+        return
+    try:
+        say(remote.summary(remote.push(instance, params, wait=True)))
+    except remote.RemoteError as error:
+        say(f"warning: storage: nothing pushed ({error}); `rl-assets push` tries again")
+        return
+    if command == "run" and params.storage.keep_rounds and params.experiment == "default":
+        from pipelines.retention import retire
+
+        retire(params, params.storage.keep_rounds, from_remote=params.storage.retire_from_remote, instance=instance, say=say)
 
 
 @contextlib.contextmanager
@@ -281,6 +307,38 @@ def print_status() -> int:
     return 0 if healthy else 1
 
 
+def storage_command(args, params) -> int:
+    """`rl-assets push`, `pull` and `retire` (pipelines/remote.py, pipelines/retention.py)."""
+    from dagster import DagsterInstance
+
+    from pipelines import remote
+    from pipelines.writer import AnotherWriter, exclusive_writer
+
+    say = functools.partial(print, file=sys.stderr)
+    try:
+        with DagsterInstance.get() as instance:
+            if args.command == "push":
+                pushed = remote.push(instance, params, wait=True)
+                say(remote.summary(pushed))
+                return 0 if pushed is not None and not pushed["failed"] else 1
+            with exclusive_writer(instance, args.command, log=say):
+                if args.command == "pull":
+                    return 0 if remote.pull(instance, params, say)["dvc_pull_ok"] else 1
+                from pipelines.retention import retire
+
+                if args.keep < 1:
+                    say("error: --keep must be at least 1 (the next round trains from the last one)")
+                    return 2
+                retire(params, args.keep, dry_run=args.dry_run, from_remote=args.from_remote, instance=instance, say=say)
+                return 0
+    except AnotherWriter as error:
+        say(f"error: {error}")
+        return 3
+    except (remote.RemoteError, ValueError, RuntimeError) as error:
+        say(f"error: {error}")
+        return 1
+
+
 def refuse_params_under_dvc() -> str | None:
     """Under `dvc repro`, DVC records params.yaml: a run steered to other params would be recorded falsely."""
     if not os.environ.get("DVC_STAGE"):
@@ -306,6 +364,12 @@ def main(argv=None) -> int:
     sync = commands.add_parser("dvc-sync", help="write dvc.yaml from the asset graph")
     sync.add_argument("--check", action="store_true", help="exit 1 if dvc.yaml differs from the generated file")
     commands.add_parser("status", help="JSON health summary: latest rl_pipeline run, current round, last metrics, promoted model")
+    commands.add_parser("push", help="send every output, run state and promoted model the remote lacks (storage.remote)")
+    commands.add_parser("pull", help="make this project what the remote holds, so `rl-assets run` continues or `serve` serves")
+    retire = commands.add_parser("retire", help="remove round checkpoints other than the last N, the promoted and the best")
+    retire.add_argument("--keep", type=int, required=True, metavar="N", help="the last N rounds' checkpoints are kept")
+    retire.add_argument("--dry-run", action="store_true", help="list what would be retired, change nothing")
+    retire.add_argument("--from-remote", action="store_true", help="delete their files from the remote too (storage.retire_from_remote)")
     add_commands(commands)
     args = parser.parse_args(argv)
     if args.command in COMMANDS:  # the library's: what only Dagster knows is handed over, Dagster imported only if asked
@@ -347,6 +411,8 @@ def main(argv=None) -> int:
     use_project_instance()
     if args.command == "status":
         return print_status()
+    if args.command in ("push", "pull", "retire"):
+        return storage_command(args, params)
     from pipelines.writer import AnotherWriter
 
     started = time.perf_counter()

@@ -44,16 +44,40 @@ def changed_outputs(instance: DagsterInstance, rounds: int, experiment: str = "d
 
 def _changed_on_disk(key: AssetKey, event, data: Path, promoted: Path) -> str | None:
     """Why the output on disk is not the one the latest materialization recorded (None when it is)."""
+    recorded = event.asset_materialization.tags.get(DATA_VERSION) if event.asset_materialization else None
+    return changed_from(output_key(key.path), recorded, data, promoted)
+
+
+def changed_from(name: str, recorded: str | None, data: Path, promoted: Path) -> str | None:
+    """Why output `name` on disk is not the one with data version `recorded` (None when it is). A retired checkpoint
+    (pipelines/retention.py) counts as the one recorded: a run that needs its files restores them first."""
+    from rl_assets.core.checkpoints import read_retired
     from rl_assets.core.verify import changed
 
-    name = output_key(key.path)
     if name == "promoted_model":  # a decision with a history (models/), not a reproducible output
         return None if (promoted / "promoted").is_dir() else "its output is missing on disk"
-    recorded = event.asset_materialization.tags.get("dagster/data_version") if event.asset_materialization else None
     path = output_path(name, data)
     if recorded is None:
         return None if path.exists() else "its output is missing on disk"
+    if (note := read_retired(path)) is not None and note.get("checkpoint_id") == recorded:
+        return None
     return changed(path, recorded)
+
+
+def missed_guards(instance: DagsterInstance, key: AssetKey, event, passed_in=None) -> list[str]:
+    """The blocking guards of `key` that did not pass in the run of its materialization `event` (`passed_in`: a cached
+    `passed_checks`)."""
+    from rl_assets.eval.output_guards import guard_table
+
+    passed = (passed_in or functools.partial(passed_checks, instance))(event.run_id)
+    return [name for name, (blocks, _) in guard_table(output_key(key.path)).items() if blocks and (key, name) not in passed]
+
+
+def passed_checks(instance: DagsterInstance, run_id: str) -> set[tuple[AssetKey, str]]:
+    """(asset key, check name) of every check that passed in run `run_id`."""
+    return {(e.dagster_event.event_specific_data.asset_key, e.dagster_event.event_specific_data.check_name)
+            for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
+            if e.dagster_event.event_specific_data.passed}
 
 
 def outdated_assets(instance: DagsterInstance, specs: list[AssetSpec], data: Path = Path("data"), models: Path = Path("models"),
@@ -111,12 +135,7 @@ def _outdated(instance: DagsterInstance, specs: list[AssetSpec], data: Path, mod
     events = instance.get_latest_materialization_events(list(by_key))
     current = {key: event.asset_materialization.tags.get(DATA_VERSION) if event and event.asset_materialization else None
                for key, event in events.items()}
-    passed_in = functools.cache(lambda run_id: {(e.dagster_event.event_specific_data.asset_key, e.dagster_event.event_specific_data.check_name)
-                                                for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)
-                                                if e.dagster_event.event_specific_data.passed})
-
-    from rl_assets.eval.output_guards import guard_table
-
+    passed_in = functools.cache(functools.partial(passed_checks, instance))
     reasons: dict[AssetKey, str] = {}
     for key in order:
         spec, event = by_key[key], events.get(key)
@@ -131,8 +150,6 @@ def _outdated(instance: DagsterInstance, specs: list[AssetSpec], data: Path, mod
             reasons[key] = f"{output_key(upstream[0].path)} runs first"
         elif why := stale_reason(spec, dict(event.asset_materialization.tags or {}), current):
             reasons[key] = why
-        else:
-            blocking = [name for name, (blocks, _) in guard_table(output_key(key.path)).items() if blocks]
-            if missed := [name for name in blocking if (key, name) not in passed_in(event.run_id)]:
-                reasons[key] = f"its blocking check {missed[0]} did not pass on its latest materialization"
+        elif missed := missed_guards(instance, key, event, passed_in):
+            reasons[key] = f"its blocking check {missed[0]} did not pass on its latest materialization"
     return reasons

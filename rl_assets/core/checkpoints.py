@@ -86,3 +86,24 @@ def read_lineage(path: str | Path) -> dict:
 
 def checkpoint_id(path: str | Path) -> str:
     return read_lineage(path)["checkpoint_id"]
+
+
+# Retention (`rl-assets retire`) removes a checkpoint's files and leaves its lineage card with this note beside it: the
+# checkpoint id, the DVC hash its files had and the remote that still holds them, if any.
+RETIRED_FILE = "RETIRED.json"
+
+
+def read_retired(path: str | Path) -> dict | None:
+    """The retirement note of a checkpoint folder, or None when the checkpoint is on disk (not retired)."""
+    note = Path(path) / RETIRED_FILE
+    return json.loads(note.read_text()) if note.is_file() else None
+
+
+def retired_words(note: dict) -> str:
+    """How lineage and status name a retired checkpoint.
+
+    >>> retired_words({"checkpoint_id": "ab" * 32, "dvc_hash": "cd" * 16 + ".dir", "remote": None, "retired_at": "2026-12-04"})
+    'retired on 2026-12-04 (its files were removed; DVC hash cdcdcdcdcdcd.dir, on no remote)'
+    """
+    where = f"kept on {note['remote']}" if note.get("remote") else "on no remote"
+    return f"retired on {note['retired_at']} (its files were removed; DVC hash {note['dvc_hash'][:12]}.dir, {where})"

@@ -416,6 +416,20 @@ class PromotionParams(Section):
                                                              "Absent: models/ for the default experiment, models/experiments/<experiment>/ for others.")
 
 
+class StorageParams(Section):
+    remote: str = Field("", description="Where every output, run state and promoted model is pushed: an S3 or GCS URL (s3://bucket/path) or "
+                                        "a directory. Set as DVC remote `storage` in .dvc/config.local. Empty: DVC's default remote when "
+                                        "the project has one (`dvc remote add -d`), else nothing is pushed.")
+    endpoint_url: str = Field("", description="An S3-compatible server's URL (MinIO, Ceph, a local S3); empty: AWS's, or $AWS_ENDPOINT_URL.")
+    push: Literal["output", "round", "run", "manual"] = Field(
+        "output", description="When a run pushes, in the background of the next step: after each output, after each round's checkpoint, "
+                              "or at the run's end only; every mode but manual also pushes at the run's end and pushes training "
+                              "states saved mid-round (train.save_steps). manual: `rl-assets push` only.")
+    keep_rounds: int = Field(0, ge=0, description="After each run, retire the round checkpoints other than the last N, the promoted ones "
+                                                  "and the best by held-out accuracy (`rl-assets retire --keep N`); 0 keeps every one.")
+    retire_from_remote: bool = Field(False, description="Retiring also deletes a checkpoint's files from the remote (its card stays).")
+
+
 class TrackingParams(Section):
     backends: list[Literal["tensorboard", "mlflow", "wandb"]] = Field(
         default_factory=lambda: ["tensorboard"], description="Experiment trackers each pipeline run logs to: per-round metrics (round as "
@@ -448,6 +462,7 @@ class Params(Section):
     schedule: ScheduleParams = Field(default_factory=ScheduleParams)
     promotion: PromotionParams = Field(default_factory=PromotionParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams, description="Experiment trackers (TensorBoard by default).")
+    storage: StorageParams = Field(default_factory=StorageParams, description="A remote for outputs and run state, and retention.")
 
     @model_validator(mode="after")
     def _check_correctness(self):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from rl_assets.core.checkpoints import LINEAGE_FILE, weights_hash
+from rl_assets.core.checkpoints import LINEAGE_FILE, read_retired, retired_words, weights_hash
 from rl_assets.core.storage import atomic_path, file_hash
 
 CACHE = Path(".rl_assets") / "verified.json"
@@ -45,6 +45,8 @@ def changed(path: Path, recorded: str, root: Path = Path(".")) -> str | None:
     if not path.exists():
         return f"{path} is missing"
     if path.is_dir():
+        if (note := read_retired(path)) is not None:  # a run that needs it restores it first (pipelines/retention.py)
+            return f"{path} was {retired_words(note)}"
         card = path / LINEAGE_FILE
         if not card.is_file():
             return f"{card} is missing"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import duckdb
 
-from rl_assets.core.checkpoints import read_lineage
+from rl_assets.core.checkpoints import read_lineage, read_retired, retired_words
 from rl_assets.core.paths import DATA, checkpoint_key, data_dir_of, output_path, round_prefix
 from rl_assets.data.raw_data import labelled_location
 from rl_assets.core.storage import content_hash
@@ -30,6 +30,8 @@ def _checkpoint_status(path: Path, card: dict, child: dict | None, root: Path) -
 
     if child is not None and card["checkpoint_id"] != child["parent"]:
         return f"not the parent of {child['path']}: that was trained from {child['parent'][:12]}, this is {card['checkpoint_id'][:12]}"
+    if (note := read_retired(path)) is not None:
+        return retired_words(note) if note.get("checkpoint_id") == card["checkpoint_id"] else "retired, and its note names another checkpoint"
     return "changed since recorded" if changed(path, card["checkpoint_id"], root) else "ok"
 
 
@@ -39,7 +41,7 @@ def problems(steps: list[dict]) -> list[str]:
     for step in steps:
         for part in (step, *(step[t] for t in ("rollouts", "rewards", "critic") if t in step)):
             status = part.get("status", "ok")
-            if status != "ok" or part.get("error"):
+            if (status != "ok" and not status.startswith("retired on")) or part.get("error"):  # retired: removed on purpose
                 found.append(f"{part['path']}: {status if status != 'ok' else part['error']}")
     return found
 

@@ -174,6 +174,21 @@ def promote(source: Path, card: dict, models: Path) -> None:
                          "experiment": experiment_of(card)})
 
 
+def restore_promoted(models: Path) -> str | None:
+    """Make promoted/ the version history.jsonl says is current, when it is not (a project pulled from a remote holds the
+    versions and the history: pipelines/remote.py); the id restored, else None."""
+    if not (models / HISTORY).is_file():
+        return None
+    with _locked(models):
+        stack = promoted_stack(history(models))
+        if not stack or not (models / "versions" / stack[-1] / CARD).is_file():
+            return None
+        if (read_card(models / "promoted") or {}).get("checkpoint_id") == stack[-1]:
+            return None
+        _copy_folder(models / "versions" / stack[-1], models / "promoted")
+    return stack[-1]
+
+
 def experiment_of(card: dict | None) -> str:
     """The experiment a card or history event belongs to (cards written before experiments were recorded: the default one)."""
     return (card or {}).get("experiment") or "default"

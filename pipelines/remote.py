@@ -1,0 +1,264 @@
+"""A remote for everything a run makes, so a lost machine loses nothing and a fresh one continues or serves.
+
+What goes to the remote (`storage.remote`, or DVC's default remote), by pipelines/dvc_remote.py under DVC's Python:
+- every DVC-tracked output in dvc.lock, as DVC's content-addressed objects (`dvc pull` reads them; nothing is sent twice);
+- the files a run needs beside them: carried optimizer moments (data/run_state), training states saved mid-round
+  (data/rNN/*_state, train.save_steps), promoted model versions and their history (models/), retired checkpoints' cards;
+- the state: dvc.lock and, per output, what Dagster recorded when it was made (data version, code version, input data
+  versions, the blocking guards that passed). A fresh machine's Dagster instance is empty; `pull` reports each output it
+  restored as that materialization again (`report_runless_asset_event`, tag `rl_assets/pulled`), so `rl-assets run`
+  finds what is up to date and continues from the first output that is not, with the same checkpoint ids.
+
+A run pushes in the background (nice 19) after each output (`storage.push: output`), each round's checkpoint (`round`)
+or only at its end (`run`), and always once more, waiting, at its end: the run's summary says what is not on the remote.
+Only the default experiment's outputs (params.yaml, the graph dvc.yaml records) are DVC-tracked, so only they travel.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+from pathlib import Path
+
+from rl_assets.core.config import Params, StorageParams
+from rl_assets.core.paths import DATA, output_key
+from rl_assets.core.storage import atomic_path
+
+NAME = "storage"  # the DVC remote that `storage.remote` configures
+FOLDER = Path(".rl_assets") / "remote"
+LEDGER = FOLDER / "ledger.json"  # what Dagster recorded of each output, for the next push (written by the run's processes)
+RECORD = FOLDER / "pushed.json"  # the last push's summary and the files this machine sent (pipelines/dvc_remote.py)
+HELPER = Path(__file__).with_name("dvc_remote.py")
+PULLED_TAG = "rl_assets/pulled"
+
+
+class RemoteError(RuntimeError):
+    """The remote could not be reached, or DVC's environment is missing."""
+
+
+def dvc_config(path: Path) -> dict[str, dict[str, str]]:
+    """DVC's config file (configobj's INI) as {section: {key: value}}: enough to find the remotes.
+
+    >>> import tempfile; p = Path(tempfile.mkdtemp()) / "config"
+    >>> _ = p.write_text("[core]\\n    remote = storage\\n['remote \\"storage\\"']\\n    url = s3://b/p\\n")
+    >>> dvc_config(p)
+    {'core': {'remote': 'storage'}, 'remote "storage"': {'url': 's3://b/p'}}
+    """
+    sections: dict[str, dict[str, str]] = {}
+    current = None
+    for line in path.read_text().splitlines() if path.is_file() else []:
+        if found := re.fullmatch(r"\s*\[\s*'?(.*?)'?\s*\]\s*", line):
+            current = sections.setdefault(found.group(1), {})
+        elif current is not None and (found := re.fullmatch(r"\s*([\w.-]+)\s*=\s*(.*?)\s*", line)):
+            current[found.group(1)] = found.group(2)
+    return sections
+
+
+def _configured() -> dict[str, dict[str, str]]:
+    merged: dict[str, dict[str, str]] = {}
+    for path in (Path(".dvc") / "config", Path(".dvc") / "config.local"):
+        for section, values in dvc_config(path).items():
+            merged.setdefault(section, {}).update(values)
+    return merged
+
+
+def remote_url(storage: StorageParams) -> str:
+    """`storage.remote` as DVC writes it: a directory is made absolute (DVC reads a relative one from .dvc/)."""
+    url = storage.remote
+    return url if "://" in url else str(Path(url).expanduser().resolve())
+
+
+def remote_name(storage: StorageParams) -> str | None:
+    """The DVC remote the project pushes to: `storage` (configured here from params when they name one), DVC's default
+    remote, or None (nothing is pushed)."""
+    config = _configured()
+    if storage.remote:
+        wanted = {"url": remote_url(storage), **({"endpointurl": storage.endpoint_url} if storage.endpoint_url else {})}
+        have = config.get(f'remote "{NAME}"', {})
+        if any(have.get(k) != v for k, v in wanted.items()) or ("endpointurl" in have and not storage.endpoint_url):
+            _helper({"action": "configure", "name": NAME, "url": wanted["url"], "endpoint_url": storage.endpoint_url})
+        return NAME
+    return config.get("core", {}).get("remote") or None
+
+
+def _helper_python() -> str:
+    from pipelines.dvc import dvc_executable, dvc_python
+
+    python = dvc_python(dvc) if (dvc := dvc_executable()) else None
+    if python is None:
+        raise RemoteError("DVC's environment is missing (`make setup` installs it in .venv-dvc): nothing can be pushed or pulled")
+    return python
+
+
+def _helper(request: dict, background: bool = False) -> dict:
+    """Run pipelines/dvc_remote.py with `request`; its answer, or (background) nothing, leaving it to run at nice 19."""
+    from pipelines.dvc import LOW_PRIORITY
+
+    # -I: not the script's folder on sys.path, where pipelines/dvc.py would shadow the dvc package
+    command = [*LOW_PRIORITY, _helper_python(), "-I", str(HELPER)]
+    if background:
+        FOLDER.mkdir(parents=True, exist_ok=True)
+        with open(FOLDER / "background.log", "a") as log:
+            process = subprocess.Popen(command, stdin=subprocess.PIPE, stdout=log, stderr=log, text=True, start_new_session=True)
+            process.stdin.write(json.dumps(request))
+            process.stdin.close()
+        return {}
+    done = subprocess.run(command, input=json.dumps(request), capture_output=True, text=True)
+    try:
+        answer = json.loads(done.stdout.strip().splitlines()[-1])
+    except (IndexError, ValueError):
+        raise RemoteError(f"pipelines/dvc_remote.py failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}") from None
+    if "error" in answer:
+        raise RemoteError(answer["error"])
+    return answer
+
+
+# ---- what a push sends beside DVC's outputs ---------------------------------------------------------------------------
+
+def project_files(data: Path = DATA, models: Path = Path("models")) -> list[str]:
+    """The files outside DVC a fresh machine needs: run state, mid-round training states, promoted versions and history
+    (models/promoted is restored from its version), retired checkpoints' cards."""
+    from rl_assets.core.checkpoints import LINEAGE_FILE, RETIRED_FILE
+
+    found = [*data.glob("run_state/**/*"), *data.glob("r[0-9][0-9]/*_state/**/*"), *models.glob("versions/**/*"), models / "history.jsonl"]
+    for note in data.glob(f"r[0-9][0-9]/*/{RETIRED_FILE}"):
+        found += [note, note.parent / LINEAGE_FILE]
+    return sorted({path.as_posix() for path in found if path.is_file() and not any(part.startswith(".") for part in path.parts)})
+
+
+def ledger(instance, keys) -> dict[str, dict]:
+    """{output key: what Dagster recorded of its latest materialization} for the outputs of `keys` whose blocking guards
+    passed (one whose guards did not is made again wherever the run continues)."""
+    from pipelines.outdated import missed_guards, passed_checks
+    from rl_assets.eval.output_guards import guard_table
+
+    events = instance.get_latest_materialization_events(list(keys))
+    entries = {}
+    for key, event in events.items():
+        if event is None or event.asset_materialization is None or missed_guards(instance, key, event):
+            continue
+        passed = passed_checks(instance, event.run_id)
+        metadata = {name: value.value for name, value in event.asset_materialization.metadata.items()
+                    if isinstance(value.value, (int, float, bool)) or (isinstance(value.value, str) and len(value.value) < 300)}
+        entries[output_key(key.path)] = {"tags": dict(event.asset_materialization.tags or {}), "metadata": metadata,
+                                         "checks": sorted(name for name in guard_table(output_key(key.path)) if (key, name) in passed),
+                                         "run_id": event.run_id}
+    return entries
+
+
+def default_keys():
+    """The asset keys of the default experiment's graph (dvc.yaml's), from the code location."""
+    from pipelines.definitions import defs
+
+    return [spec.key for spec in defs().resolve_all_asset_specs()]
+
+
+def write_ledger(instance) -> None:
+    with atomic_path(LEDGER) as tmp:
+        tmp.write_text(json.dumps(ledger(instance, default_keys()), sort_keys=True))
+
+
+def push(instance, params: Params, wait: bool = True) -> dict | None:
+    """Send what the remote lacks: waiting (the run's end, `rl-assets push`) or in the background; None without a remote.
+
+    The state goes up only after every object and file it names went up.
+    """
+    if params.experiment != "default":
+        return None
+    name = remote_name(params.storage)
+    if name is None:
+        return None
+    write_ledger(instance)
+    request = {"action": "push", "remote": name, "ledger": str(LEDGER), "files": project_files(models=Path(params.promotion.directory)),
+               "record": str(RECORD), "wait": wait}
+    return _helper(request, background=not wait)
+
+
+def push_files(params: Params) -> None:
+    """A push in the background that only brings the state files up to date (a training state saved mid-round)."""
+    if params.experiment == "default" and (name := remote_name(params.storage)) is not None:
+        _helper({"action": "push", "remote": name, "ledger": str(LEDGER), "files": project_files(models=Path(params.promotion.directory)),
+                 "record": str(RECORD), "wait": False}, background=True)
+
+
+def summary(pushed: dict | None) -> str:
+    """One line for the run's end: where it went, what is not there."""
+    if pushed is None:
+        return "storage: no remote (storage.remote in params, or `dvc remote add -d`): outputs are on this machine only"
+    missing = pushed["failed"] + pushed["not_pushed"]
+    line = (f"storage: pushed to {pushed['url']} in {pushed['seconds']:.1f} s ({pushed['objects']} new objects, "
+            f"{pushed['files']} state files)")
+    return line + (f"; NOT on the remote: {'; '.join(missing)}" if missing else "; every output and run state is on the remote")
+
+
+# ---- pull ---------------------------------------------------------------------------------------------------------------
+
+def pull(instance, params: Params, say=print) -> dict:
+    """Make this project what the remote holds: dvc.lock, the outputs, run state and promoted models, and Dagster's record
+    of each output (so `rl-assets run` continues where the pushing machine stopped)."""
+    from pipelines.dvc import dvc_executable, dvc_message
+
+    name = remote_name(params.storage)
+    if name is None:
+        raise RemoteError("no remote: set storage.remote in params, or add one with `dvc remote add -d NAME URL`")
+    answer = _helper({"action": "get-state", "remote": name})
+    state, url = answer["state"], answer["url"]
+    if state is None:
+        raise RemoteError(f"{url} holds no rl-assets state: push from the machine that ran (`rl-assets push`) first")
+    lock = Path("dvc.lock")
+    if not lock.is_file() or lock.read_text() != state["dvc_lock"]:
+        with atomic_path(lock) as tmp:
+            tmp.write_text(state["dvc_lock"])
+        say(f"dvc.lock: the remote's (pushed {state['pushed_at']})")
+    files = _helper({"action": "get-files", "remote": name})["files"]
+    from rl_assets.core.checkpoints import RETIRED_FILE
+
+    retired = {note.parent.as_posix() for note in DATA.glob(f"r[0-9][0-9]/*/{RETIRED_FILE}")}
+    stages = [stage for stage, entry in _lock_outputs(state["dvc_lock"]).items() if not set(entry) & retired]
+    done = subprocess.run([dvc_executable(), "pull", "--force", "-r", name, *stages], capture_output=True, text=True)
+    if done.returncode != 0:
+        say(f"warning: dvc pull: {dvc_message(done)}")
+    from rl_assets.eval.promotion import restore_promoted
+
+    models = Path(params.promotion.directory)
+    restored = restore_promoted(models)
+    imported = import_ledger(instance, state["ledger"], url, models)
+    say(f"pulled from {url}: {len(stages)} DVC stages, {files} state files"
+        + (f", promoted model {restored[:12]}" if restored else "") + f"; Dagster now records {len(imported)} outputs as made")
+    return {"url": url, "stages": stages, "files": files, "imported": imported, "dvc_pull_ok": done.returncode == 0}
+
+
+def _lock_outputs(text: str) -> dict[str, list[str]]:
+    import yaml
+
+    stages = (yaml.safe_load(text) or {}).get("stages", {})
+    return {stage: [out["path"] for out in entry.get("outs", [])] for stage, entry in stages.items()}
+
+
+def import_ledger(instance, entries: dict[str, dict], url: str, models: Path) -> list[str]:
+    """Report each output of `entries` that is on disk as recorded, and not already Dagster's latest, as made again; the
+    outputs reported. One not on disk (not pushed, a failed pull) stays unmade here: `rl-assets run` makes it."""
+    from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization
+
+    from pipelines.outdated import DATA_VERSION, changed_from
+    from rl_assets.core.paths import asset_key_path
+
+    imported = []
+    for name, entry in entries.items():
+        key = AssetKey(asset_key_path(name, "default"))
+        recorded = entry["tags"].get(DATA_VERSION)
+        if changed_from(name, recorded, DATA, models) is not None:
+            continue
+        latest = instance.get_latest_materialization_events([key]).get(key)
+        if latest is not None and latest.asset_materialization.tags.get(DATA_VERSION) == recorded:
+            continue
+        instance.report_runless_asset_event(AssetMaterialization(
+            asset_key=key, tags={**entry["tags"], PULLED_TAG: "true"},
+            metadata={**entry["metadata"], "pulled from": url, "made in run": entry["run_id"]}))
+        for check in entry["checks"]:
+            instance.report_runless_asset_event(AssetCheckEvaluation(asset_key=key, check_name=check, passed=True,
+                                                                     metadata={"pulled from": url}))
+        imported.append(name)
+    return imported
+
