@@ -137,9 +137,11 @@ class JournalFollower:
     run's) go first. A step killed before `record_journal` leaves dvc.lock as it was and the journal for the next run.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, dump_each: bool = False) -> None:
         self.process: subprocess.Popen | None = None
         self.sent: list[str] = []
+        self.acknowledged: set[str] = set()
+        self.dump_each = dump_each  # each stage into dvc.lock as it is committed, acknowledged (`wait`): a push follows
         self._stderr = None
 
     def send(self, stage: str) -> None:
@@ -160,13 +162,32 @@ class JournalFollower:
         if python is None:
             return False
         self._stderr = tempfile.TemporaryFile(mode="w+")
-        self.process = subprocess.Popen([*LOW_PRIORITY, python, "-I", str(HELPER), "--follow"], stdin=subprocess.PIPE,
+        self.process = subprocess.Popen([*LOW_PRIORITY, python, "-I", str(HELPER), "--follow", *(["--dump-each"] if self.dump_each else [])],
+                                        stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         return True
 
     @property
     def running(self) -> bool:
         return self.process is not None
+
+    def wait(self, stage: str) -> bool:
+        """With `dump_each`: block until `stage` (sent) is in dvc.lock; whether it is (False: not sent, failed, helper gone)."""
+        if not self.dump_each or self.process is None or stage not in self.sent:
+            return False
+        while stage not in self.acknowledged:
+            line = self.process.stdout.readline()
+            if not line:
+                return False
+            try:
+                answer = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(answer, dict) and "committed" in answer and not answer.get("error"):
+                self.acknowledged.add(answer["committed"])
+            elif isinstance(answer, dict) and answer.get("committed") == stage:
+                return False
+        return True
 
     def finish(self, stages: list[str]) -> dict:
         """Send what it has not had of `stages`, then END; {stage: None, or why its commit failed} once dvc.lock is written."""

@@ -9,7 +9,9 @@ project's 22 stages, almost all of it DVC's YAML round trip. This does what that
 20 stages took 1.6 s (0.4 s reading the project, 0.85 s the commits, 0.35 s writing dvc.lock).
 
 With --follow it commits each stage the moment its name arrives, while the step that wrote it still runs, and writes
-dvc.lock once, after END; stdin closing without END (the step was killed) leaves dvc.lock as it was. Outputs are
+dvc.lock once, after END; stdin closing without END (the step was killed) leaves dvc.lock as it was. With --follow
+--dump-each (a run that pushes each output to a remote: pipelines/remote.py) it also writes each stage into dvc.lock as
+it is committed and prints {"committed": stage} then, so the push that follows finds it there. Outputs are
 not relinked from the cache (`dvc commit --no-relink`): the step's child may be reading them, and with the default
 copy cache a relink rewrote every file. Prints {stage: null, or the error that stopped its commit} as one JSON line.
 
@@ -27,7 +29,7 @@ import sys
 from dvc.repo import Repo
 
 
-def commit(names, follow: bool = False) -> dict[str, str | None] | None:
+def commit(names, follow: bool = False, dump_each: bool = False) -> dict[str, str | None] | None:
     """Commit each stage of `names` (a list, or with `follow` the lines arriving on stdin up to END), then write dvc.lock once.
 
     With `follow`, None when `names` ends without END: nothing is written.
@@ -43,6 +45,8 @@ def commit(names, follow: bool = False) -> dict[str, str | None] | None:
             stage = stages.get(name)
             if stage is None:
                 errors[name] = f"dvc.yaml has no stage {name!r}"
+                if dump_each:
+                    print(json.dumps({"committed": name, "error": errors[name]}), flush=True)
                 continue
             try:
                 with repo.lock:  # per stage: a `dvc status` run meanwhile waits at most one stage
@@ -50,9 +54,15 @@ def commit(names, follow: bool = False) -> dict[str, str | None] | None:
                     stage.commit(relink=False)
             except Exception as error:  # noqa: BLE001 - DVC's errors (a missing output) are reported per stage
                 errors[name] = f"failed to commit {name} - {error}"
+                if dump_each:
+                    print(json.dumps({"committed": name, "error": errors[name]}), flush=True)
                 continue
             errors[name] = None
             done.append(stage)
+            if dump_each:
+                with repo.lock:
+                    stage.dvcfile.dump_stages([stage], update_pipeline=False)
+                print(json.dumps({"committed": name}), flush=True)
         if follow and not ended:
             return None
         if done:
@@ -62,8 +72,8 @@ def commit(names, follow: bool = False) -> dict[str, str | None] | None:
 
 
 if __name__ == "__main__":
-    if sys.argv[1:] == ["--follow"]:
-        errors = commit((line.strip() for line in sys.stdin if line.strip()), follow=True)
+    if sys.argv[1:2] == ["--follow"]:
+        errors = commit((line.strip() for line in sys.stdin if line.strip()), follow=True, dump_each="--dump-each" in sys.argv)
         if errors is None:
             sys.exit("stdin closed before END: dvc.lock not written")
         print(json.dumps(errors))

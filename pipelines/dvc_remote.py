@@ -4,7 +4,7 @@
 
 Requests (`action`):
     configure  {name, url, endpoint_url}       the remote in .dvc/config.local, as `dvc remote add --local -f` would
-    push       {remote, ledger, files, record, wait}
+    push       {remote, ledger, files: {patterns, beside}, record, wait}
                every DVC-tracked output in dvc.lock whose objects are in the cache (content-addressed: an object already on the
                remote is not sent again), then the project files outside DVC (`files`: run state, mid-round training states,
                promoted model versions, retired checkpoints' cards) under <remote>/rl-assets/files/, then the state (dvc.lock and
@@ -68,8 +68,21 @@ def _output_hashes(repo) -> tuple[list, list[str]]:
     return objects, left_out
 
 
+def _expand(files: dict) -> list[str]:
+    """The files the globs `patterns` name now (and, beside a file named in `beside`, the files it lists), hidden ones left out."""
+    found = {path for pattern in files["patterns"] for path in Path(".").glob(pattern)}
+    found |= {path.parent / other for path in list(found) for other in files.get("beside", {}).get(path.name, [])}
+    return sorted({p.as_posix() for p in found if p.is_file() and not any(part.startswith(".") for part in p.parts)})
+
+
 def _ordered(paths: list[str]) -> list[str]:
     return sorted(paths, key=lambda p: (Path(p).name in LAST_FILES, p))
+
+
+def _put(fs, local: str | None, remote: str, data: bytes | None = None) -> None:
+    """One file up (a directory remote needs its folders made; an object store ignores that)."""
+    fs.makedirs(fs.parent(remote), exist_ok=True)
+    fs.put_file(local, remote) if data is None else fs.pipe_file(remote, data)
 
 
 def _signature(path: Path) -> list[int]:
@@ -77,19 +90,19 @@ def _signature(path: Path) -> list[int]:
     return [stat.st_size, stat.st_mtime_ns]
 
 
-def _push_files(fs, root: str, files: list[str], record: dict) -> tuple[int, list[str]]:
+def _push_files(fs, root: str, files: dict, record: dict) -> tuple[int, list[str]]:
     """Upload the files whose size or mtime differs from what this machine last sent; delete remote ones no longer here."""
     sent, failed = 0, []
     sent_before = record.get("files", {})
     now = {}
-    for relative in _ordered(files):
+    for relative in _ordered(_expand(files)):
         path = Path(relative)
         if not path.is_file():
             continue
         signature = _signature(path)
         if sent_before.get(relative) != signature:
             try:
-                fs.put_file(str(path), fs.join(root, "files", relative))
+                _put(fs, str(path), fs.join(root, "files", relative))
             except Exception as error:  # noqa: BLE001 - one file's failure is reported, the others go on
                 failed.append(f"{relative}: {error}")
                 continue
@@ -101,11 +114,11 @@ def _push_files(fs, root: str, files: list[str], record: dict) -> tuple[int, lis
         except FileNotFoundError:
             pass
     record["files"] = now
-    fs.pipe_file(fs.join(root, "files.json"), json.dumps(sorted(now)).encode())
+    _put(fs, None, fs.join(root, "files.json"), json.dumps(sorted(now)).encode())
     return sent, failed
 
 
-def push(remote: str | None, ledger: str, files: list[str], record: str, wait: bool) -> dict:
+def push(remote: str | None, ledger: str, files: dict, record: str, wait: bool) -> dict:
     record_path = Path(record)
     record_path.parent.mkdir(parents=True, exist_ok=True)
     pending = open(f"{record}.pending", "w")
@@ -131,7 +144,7 @@ def push(remote: str | None, ledger: str, files: list[str], record: str, wait: b
             if state_pushed:
                 state = {"dvc_lock": lock_text, "ledger": json.loads(Path(ledger).read_text()),
                          "pushed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-                target.fs.pipe_file(target.fs.join(root, "state.json"), json.dumps(state).encode())
+                _put(target.fs, None, target.fs.join(root, "state.json"), json.dumps(state).encode())
             url = target.fs.unstrip_protocol(target.path)
         summary = {"remote": target.name, "url": url, "objects": len(result.transferred), "files": sent, "failed": failed,
                    "not_pushed": left_out, "state_pushed": state_pushed, "at": started,

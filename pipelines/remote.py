@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import threading
 from pathlib import Path
 
 from rl_assets.core.config import Params, StorageParams
@@ -116,15 +117,15 @@ def _helper(request: dict, background: bool = False) -> dict:
 
 # ---- what a push sends beside DVC's outputs ---------------------------------------------------------------------------
 
-def project_files(data: Path = DATA, models: Path = Path("models")) -> list[str]:
-    """The files outside DVC a fresh machine needs: run state, mid-round training states, promoted versions and history
-    (models/promoted is restored from its version), retired checkpoints' cards."""
+def project_files(data: Path = DATA, models: Path = Path("models")) -> dict:
+    """The files outside DVC a fresh machine needs, as globs the push expands when its turn comes: run state, mid-round
+    training states, promoted versions and history (models/promoted is restored from its version), and retired
+    checkpoints' notes with their lineage cards."""
     from rl_assets.core.checkpoints import LINEAGE_FILE, RETIRED_FILE
 
-    found = [*data.glob("run_state/**/*"), *data.glob("r[0-9][0-9]/*_state/**/*"), *models.glob("versions/**/*"), models / "history.jsonl"]
-    for note in data.glob(f"r[0-9][0-9]/*/{RETIRED_FILE}"):
-        found += [note, note.parent / LINEAGE_FILE]
-    return sorted({path.as_posix() for path in found if path.is_file() and not any(part.startswith(".") for part in path.parts)})
+    return {"patterns": [f"{data}/run_state/**/*", f"{data}/r[0-9][0-9]/*_state/**/*", f"{models}/versions/**/*", f"{models}/history.jsonl",
+                         f"{data}/r[0-9][0-9]/*/{RETIRED_FILE}"],
+            "beside": {RETIRED_FILE: [LINEAGE_FILE]}}
 
 
 def ledger(instance, keys) -> dict[str, dict]:
@@ -180,6 +181,46 @@ def push_files(params: Params) -> None:
     if params.experiment == "default" and (name := remote_name(params.storage)) is not None:
         _helper({"action": "push", "remote": name, "ledger": str(LEDGER), "files": project_files(models=Path(params.promotion.directory)),
                  "record": str(RECORD), "wait": False}, background=True)
+
+
+def pushes_during_run(params: Params) -> bool:
+    """Whether a run's steps push as they go (storage.push output or round, a remote, DVC recording the run)."""
+    from pipelines.dvc import recording_enabled
+
+    try:
+        return (params.experiment == "default" and params.storage.push in ("output", "round") and recording_enabled()
+                and remote_name(params.storage) is not None)
+    except RemoteError:
+        return False
+
+
+class SnapshotWatcher:
+    """While a compute step runs: when a training state saved mid-round (train.save_steps) or carried moments appear,
+    push them in the background, so a machine lost mid-round resumes elsewhere from its last state."""
+
+    def __init__(self, params: Params, interval: float = 0.5) -> None:
+        self.params, self.interval = params, interval
+        self._stop = threading.Event()
+        self._seen = self._signature()
+        self._thread = threading.Thread(target=self._watch, name="rl-assets-snapshots", daemon=True)
+        self._thread.start()
+
+    def _signature(self) -> list[str]:
+        return sorted(str(p) for p in (*DATA.glob("r[0-9][0-9]/*_state/step-*/trainer_state.json"), *DATA.glob("run_state/optimizer/*.pt")))
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.interval):
+            now = self._signature()
+            if set(now) - set(self._seen):
+                try:
+                    push_files(self.params)
+                except RemoteError:
+                    return
+            self._seen = now
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
 
 
 def summary(pushed: dict | None) -> str:

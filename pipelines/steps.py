@@ -25,6 +25,7 @@ from dagster import (AssetCheckResult, AssetExecutionContext, DagsterError, Dags
                      PipesSubprocessClient, open_pipes_session)
 
 from pipelines.checks import check_result, guarded
+from pipelines import remote
 from pipelines.dvc import JournalFollower, record_in_dvc, record_journal
 from pipelines.failures import ComputeStepCrashed, error_records, step_failure
 from pipelines.params import ParamsResource, asset_key, tag_run
@@ -107,7 +108,9 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
     loaded = params.load()
     context.log.info(f"params: {params.path}" + "".join(f" --set {override}" for override in params.overrides))
     batches = [keys] if resident(loaded.compute) else [[key] for key in keys]
-    follower = JournalFollower()  # commits each output's DVC stage while the child goes on (pipelines/dvc.py)
+    pushing = remote.pushes_during_run(loaded)  # each output (or round) to the remote as it is recorded (pipelines/remote.py)
+    follower = JournalFollower(dump_each=pushing)  # commits each output's DVC stage while the child goes on (pipelines/dvc.py)
+    watcher = remote.SnapshotWatcher(loaded) if pushing else None
     scratch = scratch_dir(loaded.compute)
     resolved = resolved_params_file(loaded, scratch)
     try:
@@ -124,7 +127,11 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
                 if stage := record_in_dvc(context, key, params.path, params.overrides, later=True, experiment=loaded.experiment):
                     follower.send(stage)
                 yield result
+                if pushing and stage and (loaded.storage.push == "output" or key.endswith("checkpoint")) and follower.wait(stage):
+                    remote.push(context.instance, loaded, wait=False)  # in the background, at nice 19
     finally:  # also when the child failed: what it wrote before is recorded
+        if watcher is not None:
+            watcher.stop()
         shutil.rmtree(resolved.parent, ignore_errors=True)
         started = time.perf_counter()
         if recorded := record_journal(context.log, follower):

@@ -6,13 +6,19 @@ own S3 remote (dvc-s3, boto), as it would reach AWS or MinIO.
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import signal
+import subprocess
+import time
 
 import pytest
 import yaml
 
-from conftest import DVC, copy_project, python
-from rl_assets.core.checkpoints import checkpoint_id, read_retired
+from conftest import DVC, PYTHON, copy_project, project_env, python
+from faults import fault_project, interrupted, resumed, uninterrupted
+from rl_assets.core.checkpoints import checkpoint_id, read_lineage, read_retired
 
 pytestmark = pytest.mark.skipif(not DVC.exists(), reason="DVC's environment (.venv-dvc) is not installed")
 
@@ -150,3 +156,62 @@ def test_no_remote_is_said_once_and_changes_nothing(micro_template, tmp_path):
     assert done.returncode == 1 and "no remote" in done.stderr
     assert not (project / ".dvc/config.local").exists()
 
+
+
+def wait_for_background_pushes(project):
+    """A push the step started in the background holds this lock until it is done (pipelines/dvc_remote.py)."""
+    lock = project / ".rl_assets/remote/pushed.json.lock"
+    if lock.exists():
+        with open(lock) as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+
+
+def test_a_machine_lost_mid_run_continues_on_a_fresh_one_from_what_it_pushed(micro_template, tmp_path):
+    """Each output is pushed as it is recorded (storage.push: output). The run is SIGKILLed in round 2 (its process group,
+    as a lost machine); a fresh project pulls and finishes it without making round 1 again, to the uninterrupted run's ids."""
+    whole = fault_project(micro_template, tmp_path / "whole")
+    set_rounds(with_storage(whole, remote=str(tmp_path / "whole-remote")), 2)
+    ids, calls = uninterrupted(whole)
+    lost = fault_project(micro_template, tmp_path / "lost")
+    set_rounds(with_storage(lost, remote=str(tmp_path / "remote")), 2)
+    code, log = interrupted(lost, f"hold:{calls}", "kill-group")  # the last reward call: r02's held-out evaluation
+    assert code != 0 and "materialized r01/checkpoint" in log
+    wait_for_background_pushes(lost)
+
+    fresh = fault_project(micro_template, tmp_path / "fresh")
+    set_rounds(with_storage(fresh, remote=str(tmp_path / "remote")), 2)
+    pulled = rl(fresh, "pull")
+    assert "r01/checkpoint" in json.loads((tmp_path / "remote/rl-assets/state.json").read_text())["ledger"], pulled.stderr
+    done = resumed(fresh)
+    assert "materialized r01/checkpoint" not in done.stderr and "materialized r02/checkpoint" in done.stderr, done.stderr[-3000:]
+    assert {key: checkpoint_id(fresh / "data" / key) for key in ids} == ids
+
+
+def test_a_training_state_saved_mid_round_is_pushed_and_a_fresh_machine_resumes_from_it(micro_template, tmp_path):
+    """train.save_steps states go to the remote while the round trains; a fresh machine resumes from the last one pushed."""
+    settings = {"minibatch_size": 2, "epochs": 200, "save_steps": 200, "keep_last": 2}  # 3,200 steps: ~10 s to push in
+    projects = {}
+    for name in ("whole", "lost", "fresh"):
+        project = with_storage(copy_project(micro_template, tmp_path / name), remote=str(tmp_path / f"remote-{'whole' if name == 'whole' else 'lost'}"))
+        params = yaml.safe_load((project / "params.yaml").read_text())
+        params["train"].update(settings)
+        (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        projects[name] = project
+    python(["-m", "pipelines", "run"], projects["whole"], timeout=900, OMP_NUM_THREADS="1")  # one thread in all three: the same sums
+    listing = tmp_path / "remote-lost/rl-assets/files.json"
+    process = subprocess.Popen([PYTHON, "-m", "pipelines", "run"], cwd=projects["lost"], env=project_env(projects["lost"], OMP_NUM_THREADS="1"),
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
+    deadline = time.monotonic() + 600
+    while not (listing.is_file() and any("train_state/step-" in f and f.endswith("trainer_state.json") for f in json.loads(listing.read_text()))):
+        assert process.poll() is None and time.monotonic() < deadline, f"no training state was pushed mid-round: {process.stderr.read()[-3000:]}"
+        time.sleep(0.02)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait(timeout=60)
+    wait_for_background_pushes(projects["lost"])
+
+    rl(projects["fresh"], "pull")
+    assert list((projects["fresh"] / "data/r01/train_state").glob("step-*/trainer_state.json"))
+    python(["-m", "pipelines", "run"], projects["fresh"], timeout=900, OMP_NUM_THREADS="1")
+    card = read_lineage(projects["fresh"] / "data/r01/checkpoint")
+    assert card["metrics"]["resumed_from_step"] > 0
+    assert card["checkpoint_id"] == read_lineage(projects["whole"] / "data/r01/checkpoint")["checkpoint_id"]
