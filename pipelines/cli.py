@@ -303,6 +303,9 @@ def print_status() -> int:
                                    and not status["changed_outputs"] and not status["other_experiment_outputs"])
     if note:
         status["params_note"] = note
+    from pipelines.remote import last_push
+
+    status["storage"] = last_push()  # the last push to the remote: where, when, what is not there
     print(json.dumps(status, indent=2, default=str))
     return 0 if healthy else 1
 

@@ -223,6 +223,14 @@ class SnapshotWatcher:
         self._thread.join(timeout=10)
 
 
+def last_push() -> dict | None:
+    """The last push's summary (`rl-assets status`): remote, url, when, objects and files sent, what failed or is not there."""
+    try:
+        return json.loads(RECORD.read_text()).get("last") if RECORD.is_file() else None
+    except ValueError:
+        return None
+
+
 def summary(pushed: dict | None) -> str:
     """One line for the run's end: where it went, what is not there."""
     if pushed is None:

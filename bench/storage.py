@@ -1,0 +1,113 @@
+"""Object storage: what pushing each output costs a run, and what retention gives back on disk.
+
+    .venv/bin/python bench/storage.py [--params params.yaml] [--pairs 1] [--keep 2] [--set section.key=value]
+
+Each pair is the whole pipeline (`python -m pipelines run`) twice, in fresh copies of the project (bench/vs_trl.py's
+make_project, with DVC set up as `make setup` leaves it): once without a remote, once pushing each output to an S3 server
+on 127.0.0.1 (moto's, the S3 wire protocol; `storage.push: output`), the two runs back to back on this machine. The
+ratio of their seconds per round (from Dagster's event log, round 1 to the last) is the push's cost. Then, on the
+pushing copy, the disk use of data/ and DVC's cache before and after `rl-assets retire --keep N`. Prints JSON lines,
+then the summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from vs_trl import REPO, child_env, make_project, pipeline_curve, round_seconds  # noqa: E402
+
+CREDENTIALS = {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench", "AWS_DEFAULT_REGION": "us-east-1"}
+
+
+def dvc_project(params: Path, overrides: list[str]) -> Path:
+    """A fresh copy set up as `make setup` leaves the project: DVC initialised, dvc.yaml generated, a git repository."""
+    root = make_project(params, overrides)
+    for name in (".dvc/config", ".dvc/.gitignore", ".dvcignore", ".gitignore"):
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(REPO / name, root / name)
+    for venv in (".venv", ".venv-dvc"):
+        (root / venv).symlink_to(REPO / venv)
+    subprocess.run(["git", "init", "--quiet"], cwd=root, check=True)
+    command(root, ["-m", "pipelines", "dvc-sync"])
+    return root
+
+
+def command(root: Path, args: list[str], log: Path | None = None) -> dict:
+    started = time.perf_counter()
+    with (log.open("w") if log else open(os.devnull, "w")) as out:
+        done = subprocess.run([str(REPO / ".venv/bin/python"), *args], cwd=root, stdout=out, stderr=subprocess.STDOUT,
+                              env={**child_env(root), **CREDENTIALS})
+    if done.returncode:
+        sys.exit(f"{' '.join(args)} failed in {root}" + (f"; last lines of {log}:\n{log.read_text()[-4000:]}" if log else ""))
+    return {"wall_s": round(time.perf_counter() - started, 1), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()[:2]]}
+
+
+def disk_mib(root: Path) -> dict:
+    def size(path: Path) -> float:
+        return round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 2**20, 1) if path.exists() else 0.0
+
+    return {"data_mib": size(root / "data"), "dvc_cache_mib": size(root / ".dvc" / "cache")}
+
+
+def run_side(params: Path, overrides: list[str], s3: str | None, bucket_path: str) -> tuple[dict, Path]:
+    storage = [f"storage.remote=s3://rl-assets/{bucket_path}", f"storage.endpoint_url={s3}", "storage.push=output"] if s3 else []
+    root = dvc_project(params, overrides + storage)
+    process = command(root, ["-m", "pipelines", "run"], root / "pipeline.log")
+    curve = pipeline_curve(root)["curve"]
+    last = (root / "pipeline.log").read_text().splitlines()
+    return {"remote": bool(s3), "process": process, "seconds_per_round": round_seconds(curve)["later_rounds_s"],
+            "storage_line": next((line for line in last if line.startswith("storage:")), None)}, root
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
+    parser.add_argument("--pairs", type=int, default=1)
+    parser.add_argument("--keep", type=int, default=2, help="retention: rl-assets retire --keep N")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    args = parser.parse_args()
+
+    import boto3
+    from moto.server import ThreadedMotoServer
+
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    s3 = f"http://{host}:{port}"
+    boto3.client("s3", endpoint_url=s3, aws_access_key_id="bench", aws_secret_access_key="bench",
+                 region_name="us-east-1").create_bucket(Bucket="rl-assets")
+    ratios, roots = [], []
+    try:
+        for pair in range(args.pairs):
+            plain, plain_root = run_side(args.params, args.overrides, None, "")
+            pushed, pushed_root = run_side(args.params, args.overrides, s3, f"pair{pair}")
+            roots += [plain_root, pushed_root]
+            ratio = round(pushed["seconds_per_round"] / plain["seconds_per_round"], 3)
+            ratios.append(ratio)
+            print(json.dumps({"pair": pair, "without_remote": plain, "pushing_each_output": pushed, "ratio_seconds_per_round": ratio}), flush=True)
+        before = disk_mib(pushed_root)
+        retired = command(pushed_root, ["-m", "pipelines", "retire", "--keep", str(args.keep)], pushed_root / "retire.log")
+        after = disk_mib(pushed_root)
+        retire_log = (pushed_root / "retire.log").read_text().splitlines()
+        print(json.dumps({"summary": {"pairs": args.pairs, "ratio_seconds_per_round": ratios,
+                                      "median_ratio": statistics.median(ratios), "target": "<= 1.05",
+                                      "retention": {"keep": args.keep, "before": before, "after": after, "wall_s": retired["wall_s"],
+                                                    "retired": [line.split()[-1] for line in retire_log if line.startswith("retire ")]}}},
+                         indent=2))
+    finally:
+        server.stop()
+        for root in roots:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()
