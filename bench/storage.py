@@ -58,13 +58,13 @@ def disk_mib(root: Path) -> dict:
     return {"data_mib": size(root / "data"), "dvc_cache_mib": size(root / ".dvc" / "cache")}
 
 
-def run_side(params: Path, overrides: list[str], s3: str | None, bucket_path: str) -> tuple[dict, Path]:
-    storage = [f"storage.remote=s3://rl-assets/{bucket_path}", f"storage.endpoint_url={s3}", "storage.push=output"] if s3 else []
+def run_side(params: Path, overrides: list[str], remote: str | None, endpoint: str | None, push: str = "output") -> tuple[dict, Path]:
+    storage = ([f"storage.remote={remote}", f"storage.push={push}"] + ([f"storage.endpoint_url={endpoint}"] if endpoint else [])) if remote else []
     root = dvc_project(params, overrides + storage)
     process = command(root, ["-m", "pipelines", "run"], root / "pipeline.log")
     curve = pipeline_curve(root)["curve"]
     last = (root / "pipeline.log").read_text().splitlines()
-    return {"remote": bool(s3), "process": process, "seconds_per_round": round_seconds(curve)["later_rounds_s"],
+    return {"remote": remote, "push": push if remote else None, "process": process, "seconds_per_round": round_seconds(curve)["later_rounds_s"],
             "storage_line": next((line for line in last if line.startswith("storage:")), None)}, root
 
 
@@ -73,8 +73,14 @@ def main() -> None:
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
     parser.add_argument("--pairs", type=int, default=1)
     parser.add_argument("--keep", type=int, default=2, help="retention: rl-assets retire --keep N")
+    parser.add_argument("--remote", choices=["s3", "dir"], default="s3", help="moto's S3 on loopback, or a directory")
+    parser.add_argument("--push", choices=["output", "round", "run"], default="output", help="storage.push of the pushing side")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     args = parser.parse_args()
+    import logging
+    import tempfile
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's server logs a line per request otherwise
 
     import boto3
     from moto.server import ThreadedMotoServer
@@ -88,8 +94,9 @@ def main() -> None:
     ratios, roots = [], []
     try:
         for pair in range(args.pairs):
-            plain, plain_root = run_side(args.params, args.overrides, None, "")
-            pushed, pushed_root = run_side(args.params, args.overrides, s3, f"pair{pair}")
+            plain, plain_root = run_side(args.params, args.overrides, None, None)
+            remote = f"s3://rl-assets/pair{pair}" if args.remote == "s3" else tempfile.mkdtemp(prefix="rl-assets-remote-")
+            pushed, pushed_root = run_side(args.params, args.overrides, remote, s3 if args.remote == "s3" else None, args.push)
             roots += [plain_root, pushed_root]
             ratio = round(pushed["seconds_per_round"] / plain["seconds_per_round"], 3)
             ratios.append(ratio)

@@ -18,6 +18,7 @@ import os
 import shutil
 import subprocess
 import tempfile
+import threading
 from pathlib import Path
 
 import yaml
@@ -143,6 +144,7 @@ class JournalFollower:
         self.acknowledged: set[str] = set()
         self.dump_each = dump_each  # each stage into dvc.lock as it is committed, acknowledged (`wait`): a push follows
         self._stderr = None
+        self._writing = threading.Lock()  # `push` also comes from pipelines.remote.SnapshotWatcher's thread
 
     def send(self, stage: str) -> None:
         if self.process is None and not self._start():
@@ -150,12 +152,22 @@ class JournalFollower:
         for name in ([entry["stage"] for entry in _read_journal()] if not self.sent else []) + [stage]:
             if name in self.sent:
                 continue
-            try:
-                self.process.stdin.write(name + "\n")
-                self.process.stdin.flush()
-            except OSError:  # the helper died: `finish` reports why
+            if not self._write(name):
                 return
             self.sent.append(name)
+
+    def _write(self, line: str) -> bool:
+        try:
+            with self._writing:
+                self.process.stdin.write(line + "\n")
+                self.process.stdin.flush()
+        except (OSError, ValueError):  # the helper died (`finish` reports why), or stdin was closed by `finish`
+            return False
+        return True
+
+    def push(self, request: dict) -> bool:
+        """With `dump_each`: push what the helper committed so far, and the state (pipelines/dvc_remote.py), in its process."""
+        return self.dump_each and self.process is not None and self._write("PUSH " + json.dumps(request))
 
     def _start(self) -> bool:
         python = dvc_python(dvc) if recording_enabled() and Path("dvc.yaml").is_file() and (dvc := dvc_executable()) else None

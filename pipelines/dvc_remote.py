@@ -61,11 +61,17 @@ def _output_hashes(repo) -> tuple[list, list[str]]:
             elif not out.cache.exists(out.hash_info.value):
                 left_out.append(f"{out} (not in the cache)")
             else:
-                objects.append(out.hash_info)
-                if out.hash_info.isdir:  # the folder's files too: a push of the .dir alone is shallow
-                    manifest = json.loads(Path(out.cache.oid_to_path(out.hash_info.value)).read_text())
-                    objects += [HashInfo(out.hash_info.name, entry["md5"]) for entry in manifest]
+                objects += out_objects(out)
     return objects, left_out
+
+
+def out_objects(out) -> list:
+    """A committed output's objects: its hash, and a folder's files too (a push of the .dir alone is shallow)."""
+    objects = [out.hash_info]
+    if out.hash_info.isdir:
+        manifest = json.loads(Path(out.cache.oid_to_path(out.hash_info.value)).read_text())
+        objects += [HashInfo(out.hash_info.name, entry["md5"]) for entry in manifest]
+    return objects
 
 
 def _expand(files: dict) -> list[str]:
@@ -118,7 +124,12 @@ def _push_files(fs, root: str, files: dict, record: dict) -> tuple[int, list[str
     return sent, failed
 
 
-def push(remote: str | None, ledger: str, files: dict, record: str, wait: bool) -> dict:
+def push(remote: str | None, ledger: str, files: dict, record: str, wait: bool, repo=None, objects=None) -> dict:
+    """Push (see the module's docstring). `repo` and `objects`: an open Repo and the objects to send, from dvc_commit.py's
+    follower, which commits each output and pushes what it committed without reading the project again."""
+    if repo is None:
+        with Repo(".") as repo:
+            return push(remote, ledger, files, record, wait, repo=repo)
     record_path = Path(record)
     record_path.parent.mkdir(parents=True, exist_ok=True)
     pending = open(f"{record}.pending", "w")
@@ -132,20 +143,21 @@ def push(remote: str | None, ledger: str, files: dict, record: str, wait: bool) 
         pending.close()
         started = time.time()
         previous = json.loads(record_path.read_text()) if record_path.is_file() else {}
-        with Repo(".") as repo:
-            with repo.lock:  # only while dvc.yaml and dvc.lock are read
+        with repo.lock:  # only while dvc.yaml and dvc.lock are read
+            left_out = []
+            if objects is None:
                 objects, left_out = _output_hashes(repo)
-                lock_text = Path("dvc.lock").read_text() if Path("dvc.lock").is_file() else ""  # what `objects` came from
-            target, root = _remote(repo, remote)
-            result = repo.cloud.push(objects, remote=target.name)
-            sent, failed_files = _push_files(target.fs, root, files, previous)
-            failed = sorted(str(h) for h in result.failed) + failed_files
-            state_pushed = not failed and Path(ledger).is_file()
-            if state_pushed:
-                state = {"dvc_lock": lock_text, "ledger": json.loads(Path(ledger).read_text()),
-                         "pushed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
-                _put(target.fs, None, target.fs.join(root, "state.json"), json.dumps(state).encode())
-            url = target.fs.unstrip_protocol(target.path)
+            lock_text = Path("dvc.lock").read_text() if Path("dvc.lock").is_file() else ""  # what `objects` came from
+        target, root = _remote(repo, remote)
+        result = repo.cloud.push(objects, remote=target.name)
+        sent, failed_files = _push_files(target.fs, root, files, previous)
+        failed = sorted(str(h) for h in result.failed) + failed_files
+        state_pushed = not failed and Path(ledger).is_file()
+        if state_pushed:
+            state = {"dvc_lock": lock_text, "ledger": json.loads(Path(ledger).read_text()),
+                     "pushed_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())}
+            _put(target.fs, None, target.fs.join(root, "state.json"), json.dumps(state).encode())
+        url = target.fs.unstrip_protocol(target.path)
         summary = {"remote": target.name, "url": url, "objects": len(result.transferred), "files": sent, "failed": failed,
                    "not_pushed": left_out, "state_pushed": state_pushed, "at": started,
                    "seconds": round(time.time() - started, 2)}

@@ -16,6 +16,7 @@ Only the default experiment's outputs (params.yaml, the graph dvc.yaml records) 
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import subprocess
@@ -135,11 +136,12 @@ def ledger(instance, keys) -> dict[str, dict]:
     from rl_assets.eval.output_guards import guard_table
 
     events = instance.get_latest_materialization_events(list(keys))
+    passed_in = functools.cache(functools.partial(passed_checks, instance))  # most outputs come from one run
     entries = {}
     for key, event in events.items():
-        if event is None or event.asset_materialization is None or missed_guards(instance, key, event):
+        if event is None or event.asset_materialization is None or missed_guards(instance, key, event, passed_in):
             continue
-        passed = passed_checks(instance, event.run_id)
+        passed = passed_in(event.run_id)
         metadata = {name: value.value for name, value in event.asset_materialization.metadata.items()
                     if isinstance(value.value, (int, float, bool)) or (isinstance(value.value, str) and len(value.value) < 300)}
         entries[output_key(key.path)] = {"tags": dict(event.asset_materialization.tags or {}), "metadata": metadata,
@@ -160,8 +162,14 @@ def write_ledger(instance) -> None:
         tmp.write_text(json.dumps(ledger(instance, default_keys()), sort_keys=True))
 
 
-def push(instance, params: Params, wait: bool = True) -> dict | None:
-    """Send what the remote lacks: waiting (the run's end, `rl-assets push`) or in the background; None without a remote.
+def _request(name: str, params: Params, wait: bool) -> dict:
+    return {"action": "push", "remote": name, "ledger": str(LEDGER), "files": project_files(models=Path(params.promotion.directory)),
+            "record": str(RECORD), "wait": wait}
+
+
+def push(instance, params: Params, wait: bool = True, follower=None) -> dict | None:
+    """Send what the remote lacks: waiting (the run's end, `rl-assets push`) or in the background (by the compute step's
+    DVC `follower` when it runs, which pushes what it committed; else a helper at nice 19); None without a remote.
 
     The state goes up only after every object and file it names went up.
     """
@@ -171,16 +179,16 @@ def push(instance, params: Params, wait: bool = True) -> dict | None:
     if name is None:
         return None
     write_ledger(instance)
-    request = {"action": "push", "remote": name, "ledger": str(LEDGER), "files": project_files(models=Path(params.promotion.directory)),
-               "record": str(RECORD), "wait": wait}
-    return _helper(request, background=not wait)
+    if not wait and follower is not None and follower.push(_request(name, params, wait=True)):
+        return {}
+    return _helper(_request(name, params, wait), background=not wait)
 
 
-def push_files(params: Params) -> None:
-    """A push in the background that only brings the state files up to date (a training state saved mid-round)."""
+def push_files(params: Params, follower=None) -> None:
+    """A push in the background that brings the state files up to date (a training state saved mid-round)."""
     if params.experiment == "default" and (name := remote_name(params.storage)) is not None:
-        _helper({"action": "push", "remote": name, "ledger": str(LEDGER), "files": project_files(models=Path(params.promotion.directory)),
-                 "record": str(RECORD), "wait": False}, background=True)
+        if follower is None or not follower.push(_request(name, params, wait=True)):
+            _helper(_request(name, params, wait=False), background=True)
 
 
 def pushes_during_run(params: Params) -> bool:
@@ -198,8 +206,8 @@ class SnapshotWatcher:
     """While a compute step runs: when a training state saved mid-round (train.save_steps) or carried moments appear,
     push them in the background, so a machine lost mid-round resumes elsewhere from its last state."""
 
-    def __init__(self, params: Params, interval: float = 0.5) -> None:
-        self.params, self.interval = params, interval
+    def __init__(self, params: Params, follower=None, interval: float = 0.5) -> None:
+        self.params, self.follower, self.interval = params, follower, interval
         self._stop = threading.Event()
         self._seen = self._signature()
         self._thread = threading.Thread(target=self._watch, name="rl-assets-snapshots", daemon=True)
@@ -213,7 +221,7 @@ class SnapshotWatcher:
             now = self._signature()
             if set(now) - set(self._seen):
                 try:
-                    push_files(self.params)
+                    push_files(self.params, self.follower)
                 except RemoteError:
                     return
             self._seen = now

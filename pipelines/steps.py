@@ -110,7 +110,7 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
     batches = [keys] if resident(loaded.compute) else [[key] for key in keys]
     pushing = remote.pushes_during_run(loaded)  # each output (or round) to the remote as it is recorded (pipelines/remote.py)
     follower = JournalFollower(dump_each=pushing)  # commits each output's DVC stage while the child goes on (pipelines/dvc.py)
-    watcher = remote.SnapshotWatcher(loaded) if pushing else None
+    watcher = remote.SnapshotWatcher(loaded, follower) if pushing else None
     scratch = scratch_dir(loaded.compute)
     resolved = resolved_params_file(loaded, scratch)
     try:
@@ -128,7 +128,7 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
                     follower.send(stage)
                 yield result
                 if pushing and stage and (loaded.storage.push == "output" or key.endswith("checkpoint")) and follower.wait(stage):
-                    remote.push(context.instance, loaded, wait=False)  # in the background, at nice 19
+                    remote.push(context.instance, loaded, wait=False, follower=follower)  # by the follower, at nice 19
     finally:  # also when the child failed: what it wrote before is recorded
         if watcher is not None:
             watcher.stop()
