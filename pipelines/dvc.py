@@ -138,11 +138,10 @@ class JournalFollower:
     run's) go first. A step killed before `record_journal` leaves dvc.lock as it was and the journal for the next run.
     """
 
-    def __init__(self, dump_each: bool = False) -> None:
+    def __init__(self, pushes: bool = False) -> None:
         self.process: subprocess.Popen | None = None
         self.sent: list[str] = []
-        self.acknowledged: set[str] = set()
-        self.dump_each = dump_each  # each stage into dvc.lock as it is committed, acknowledged (`wait`): a push follows
+        self.pushes = pushes  # `push` lines: the helper writes dvc.lock and pushes what it committed (pipelines/remote.py)
         self._stderr = None
         self._writing = threading.Lock()  # `push` also comes from pipelines.remote.SnapshotWatcher's thread
 
@@ -166,15 +165,17 @@ class JournalFollower:
         return True
 
     def push(self, request: dict) -> bool:
-        """With `dump_each`: push what the helper committed so far, and the state (pipelines/dvc_remote.py), in its process."""
-        return self.dump_each and self.process is not None and self._write("PUSH " + json.dumps(request))
+        """With `pushes`: write dvc.lock and push what the helper committed so far, and the state (pipelines/dvc_remote.py).
+
+        Stdin is one stream, so every stage sent before is committed by then: nothing to wait for here."""
+        return self.pushes and self.process is not None and self._write("PUSH " + json.dumps(request))
 
     def _start(self) -> bool:
         python = dvc_python(dvc) if recording_enabled() and Path("dvc.yaml").is_file() and (dvc := dvc_executable()) else None
         if python is None:
             return False
         self._stderr = tempfile.TemporaryFile(mode="w+")
-        self.process = subprocess.Popen([*LOW_PRIORITY, python, "-I", str(HELPER), "--follow", *(["--dump-each"] if self.dump_each else [])],
+        self.process = subprocess.Popen([*LOW_PRIORITY, python, "-I", str(HELPER), "--follow", *(["--push"] if self.pushes else [])],
                                         stdin=subprocess.PIPE,
                                         stdout=subprocess.PIPE, stderr=self._stderr, text=True)
         return True
@@ -182,24 +183,6 @@ class JournalFollower:
     @property
     def running(self) -> bool:
         return self.process is not None
-
-    def wait(self, stage: str) -> bool:
-        """With `dump_each`: block until `stage` (sent) is in dvc.lock; whether it is (False: not sent, failed, helper gone)."""
-        if not self.dump_each or self.process is None or stage not in self.sent:
-            return False
-        while stage not in self.acknowledged:
-            line = self.process.stdout.readline()
-            if not line:
-                return False
-            try:
-                answer = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(answer, dict) and "committed" in answer and not answer.get("error"):
-                self.acknowledged.add(answer["committed"])
-            elif isinstance(answer, dict) and answer.get("committed") == stage:
-                return False
-        return True
 
     def finish(self, stages: list[str]) -> dict:
         """Send what it has not had of `stages`, then END; {stage: None, or why its commit failed} once dvc.lock is written."""

@@ -8,13 +8,11 @@ project's 22 stages, almost all of it DVC's YAML round trip. This does what that
 (DVC's own `Stage.save` and `Stage.commit`, as in `dvc.repo.commit`) and writes dvc.lock once for all of them:
 20 stages took 1.6 s (0.4 s reading the project, 0.85 s the commits, 0.35 s writing dvc.lock).
 
-With --follow --dump-each, a line `PUSH <request>` pushes what the helper committed so far, then the project's state files and
-state, in this process (pipelines/dvc_remote.py's push: no second DVC start per push).
-
 With --follow it commits each stage the moment its name arrives, while the step that wrote it still runs, and writes
-dvc.lock once, after END; stdin closing without END (the step was killed) leaves dvc.lock as it was. With --follow
---dump-each (a run that pushes each output to a remote: pipelines/remote.py) it also writes each stage into dvc.lock as
-it is committed and prints {"committed": stage} then, so the push that follows finds it there. Outputs are
+dvc.lock once, after END; stdin closing without END (the step was killed) leaves dvc.lock as it was. With --follow --push
+(a run that pushes to a remote as it goes: pipelines/remote.py), a line `PUSH <request>` writes the stages committed so
+far into dvc.lock, then pushes their objects, the project's state files and the state (pipelines/dvc_remote.py's push),
+in this process: no second DVC start per push, and the stage names before it on stdin are committed by then. Outputs are
 not relinked from the cache (`dvc commit --no-relink`): the step's child may be reading them, and with the default
 copy cache a relink rewrote every file. Prints {stage: null, or the error that stopped its commit} as one JSON line.
 
@@ -33,7 +31,7 @@ from pathlib import Path
 from dvc.repo import Repo
 
 
-def commit(names, follow: bool = False, dump_each: bool = False) -> dict[str, str | None] | None:
+def commit(names, follow: bool = False, pushes: bool = False) -> dict[str, str | None] | None:
     """Commit each stage of `names` (a list, or with `follow` the lines arriving on stdin up to END), then write dvc.lock once.
 
     With `follow`, None when `names` ends without END: nothing is written.
@@ -41,19 +39,22 @@ def commit(names, follow: bool = False, dump_each: bool = False) -> dict[str, st
     errors: dict[str, str | None] = {}
     with Repo(".") as repo:
         stages = {stage.name: stage for stage in repo.index.stages}
-        done, ended, committed = [], False, []
+        done, ended, committed, undumped = [], False, [], []
         for name in names:
             if name == "END":
                 ended = True
                 break
-            if name.startswith("PUSH "):
-                print(json.dumps({"pushed": _push(json.loads(name[5:]), repo, committed)}), flush=True)
+            if name.startswith("PUSH ") and pushes:
+                if undumped:
+                    with repo.lock:
+                        undumped[0].dvcfile.dump_stages(undumped, update_pipeline=False)
+                    undumped.clear()
+                # stderr (a file), not stdout (a pipe read only at the end, which many pushes would fill)
+                print(json.dumps({"pushed": _push(json.loads(name[5:]), repo, committed)}), file=sys.stderr, flush=True)
                 continue
             stage = stages.get(name)
             if stage is None:
                 errors[name] = f"dvc.yaml has no stage {name!r}"
-                if dump_each:
-                    print(json.dumps({"committed": name, "error": errors[name]}), flush=True)
                 continue
             try:
                 with repo.lock:  # per stage: a `dvc status` run meanwhile waits at most one stage
@@ -61,16 +62,12 @@ def commit(names, follow: bool = False, dump_each: bool = False) -> dict[str, st
                     stage.commit(relink=False)
             except Exception as error:  # noqa: BLE001 - DVC's errors (a missing output) are reported per stage
                 errors[name] = f"failed to commit {name} - {error}"
-                if dump_each:
-                    print(json.dumps({"committed": name, "error": errors[name]}), flush=True)
                 continue
             errors[name] = None
             done.append(stage)
-            committed += [obj for out in stage.outs if out.use_cache for obj in _remote_helper().out_objects(out)]
-            if dump_each:
-                with repo.lock:
-                    stage.dvcfile.dump_stages([stage], update_pipeline=False)
-                print(json.dumps({"committed": name}), flush=True)
+            if pushes:
+                undumped.append(stage)
+                committed += [obj for out in stage.outs if out.use_cache for obj in _remote_helper().out_objects(out)]
         if follow and not ended:
             return None
         if done:
@@ -104,7 +101,7 @@ def _push(request: dict, repo, committed: list) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1:2] == ["--follow"]:
-        errors = commit((line.strip() for line in sys.stdin if line.strip()), follow=True, dump_each="--dump-each" in sys.argv)
+        errors = commit((line.strip() for line in sys.stdin if line.strip()), follow=True, pushes="--push" in sys.argv)
         if errors is None:
             sys.exit("stdin closed before END: dvc.lock not written")
         print(json.dumps(errors))

@@ -109,7 +109,7 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
     context.log.info(f"params: {params.path}" + "".join(f" --set {override}" for override in params.overrides))
     batches = [keys] if resident(loaded.compute) else [[key] for key in keys]
     pushing = remote.pushes_during_run(loaded)  # each output (or round) to the remote as it is recorded (pipelines/remote.py)
-    follower = JournalFollower(dump_each=pushing)  # commits each output's DVC stage while the child goes on (pipelines/dvc.py)
+    follower = JournalFollower(pushes=pushing)  # commits each output's DVC stage while the child goes on (pipelines/dvc.py)
     watcher = remote.SnapshotWatcher(loaded, follower) if pushing else None
     scratch = scratch_dir(loaded.compute)
     resolved = resolved_params_file(loaded, scratch)
@@ -127,7 +127,7 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
                 if stage := record_in_dvc(context, key, params.path, params.overrides, later=True, experiment=loaded.experiment):
                     follower.send(stage)
                 yield result
-                if pushing and stage and (loaded.storage.push == "output" or key.endswith("checkpoint")) and follower.wait(stage):
+                if pushing and stage and (loaded.storage.push == "output" or key.endswith("checkpoint")):
                     remote.push(context.instance, loaded, wait=False, follower=follower)  # by the follower, at nice 19
     finally:  # also when the child failed: what it wrote before is recorded
         if watcher is not None:
