@@ -423,8 +423,8 @@ class StorageParams(Section):
     endpoint_url: str = Field("", description="An S3-compatible server's URL (MinIO, Ceph, a local S3); empty: AWS's, or $AWS_ENDPOINT_URL.")
     push: Literal["output", "round", "run", "manual"] = Field(
         "output", description="When a run pushes, in the background of the next step: after each output, after each round's checkpoint, "
-                              "or at the run's end only; every mode but manual also pushes at the run's end and pushes training "
-                              "states saved mid-round (train.save_steps). manual: `rl-assets push` only.")
+                              "or at the run's end only; output and round also push training states saved mid-round (train.save_steps) as "
+                              "they are saved, and every mode but manual pushes at the run's end. manual: `rl-assets push` only.")
     keep_rounds: int = Field(0, ge=0, description="After each run, retire the round checkpoints other than the last N, the promoted ones "
                                                   "and the best by held-out accuracy (`rl-assets retire --keep N`); 0 keeps every one.")
     retire_from_remote: bool = Field(False, description="Retiring also deletes a checkpoint's files from the remote (its card stays).")

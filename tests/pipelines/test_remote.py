@@ -81,6 +81,9 @@ def test_a_fresh_machine_pulls_from_s3_and_continues_to_the_same_checkpoints(mic
     again = rl(fresh, "run")
     assert "nothing to do" in again.stderr, again.stderr[-3000:]
     assert python(["-m", "pipelines", "lineage", "models/promoted"], fresh, timeout=300).returncode == 0
+    sampled = [python(["-m", "pipelines", "generate", "--checkpoint", "promoted", "7*8=", "sum of 4 and 5?"], project, timeout=300).stdout
+               for project in (first, fresh)]
+    assert sampled[0] == sampled[1] and sampled[0].strip(), "the pulled promoted model answers as the pushing machine's does"
 
     for project in (first, fresh):
         set_rounds(project, 2)
@@ -215,3 +218,24 @@ def test_a_training_state_saved_mid_round_is_pushed_and_a_fresh_machine_resumes_
     card = read_lineage(projects["fresh"] / "data/r01/checkpoint")
     assert card["metrics"]["resumed_from_step"] > 0
     assert card["checkpoint_id"] == read_lineage(projects["whole"] / "data/r01/checkpoint")["checkpoint_id"]
+
+
+def test_retiring_from_the_remote_deletes_its_objects_there_and_a_run_makes_it_again(micro_template, tmp_path):
+    remote = tmp_path / "remote"
+    project = with_storage(copy_project(micro_template, tmp_path / "p"), remote=str(remote))
+    set_rounds(project, 2)
+    rl(project, "run")
+    first = checkpoint_id(project / "data/r01/checkpoint")
+    done = rl(project, "retire", "--keep", "1", "--from-remote")
+    if "retire r01/checkpoint" not in done.stderr:
+        pytest.skip(f"r01 is kept here as promoted or best: {done.stderr}")
+    note = read_retired(project / "data/r01/checkpoint")
+    assert note["remote"] is None and "objects from the remote" in done.stderr
+    assert not (remote / "files/md5" / note["dvc_hash"][:2] / note["dvc_hash"][2:]).exists()
+    assert (remote / "files/md5").is_dir() and any((remote / "files/md5").rglob("*")), "what is kept stays on the remote"
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["evaluation"]["samples_per_prompt"] = 3
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    again = rl(project, "run")
+    assert "r01/checkpoint (retired and on no remote" in again.stderr, again.stderr[-3000:]
+    assert checkpoint_id(project / "data/r01/checkpoint") == first
