@@ -120,6 +120,20 @@ def interrupted(project: Path, fault: str, how: str, timeout: float = 600, quiet
     return code, log.read_text()
 
 
+def kill_group_when(process: subprocess.Popen, condition, timeout: float = 600, workers_too: bool = False) -> None:
+    """Wait until `condition()` holds (or the process ends, or `timeout`), then SIGKILL the process's group, as a dead machine.
+
+    `workers_too`: first its children, which torchrun starts in sessions of their own (outside the group).
+    """
+    deadline = time.monotonic() + timeout
+    while not condition() and process.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
+    if workers_too:
+        for worker in subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split():
+            os.kill(int(worker), signal.SIGKILL)
+    os.killpg(process.pid, signal.SIGKILL)
+
+
 def _reap_group(pgid: int) -> None:
     """What the kill left of the group (a grandchild that escaped into its own group is not ours to find) is gone."""
     try:

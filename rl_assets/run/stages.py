@@ -145,7 +145,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
 
         token_advantages = None
         if train.algorithm == "ppo":  # GAE's advantages from the parent value model (the critic stage trains the next one)
-            targets, critic, critic_path = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id)
+            targets, critic, critic_path, _ = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id)
             token_advantages, trained_on["critic"] = targets.advantages, checkpoint_id(critic_path)
             del critic, targets
         ref_model = loaded.reference(base, device) if loss_beta(train) > 0 else None
@@ -204,7 +204,8 @@ def critic_parent(params: Params, round_number: int, data: Path) -> tuple[Path, 
 
 def ppo_round_targets(params: Params, round_number: int, data: Path, device: str, loaded: Loaded, rollouts: pa.Table, rewards: pa.Table,
                       pad_id: int, take: bool = False):
-    """(targets, parent critic, its folder): the parent value model's view of the round's table, as both PPO outputs read it.
+    """(targets, parent critic, its folder, how it starts): the parent value model's view of the round's table, as both PPO
+    outputs read it (how it starts: `critic_parent`'s, None from a saved value model).
 
     `take`: the critic stage trains the parent in place (the train stage, which runs first in a round, only reads it).
     """
@@ -223,7 +224,7 @@ def ppo_round_targets(params: Params, round_number: int, data: Path, device: str
                           stored_logprobs=rollouts["logprobs"].to_pylist() if kl_in_reward else None,
                           ref_model=loaded.reference(output_path(checkpoint_key(0), data), device) if kl_in_reward else None,
                           temperature=params.rollouts.temperature)
-    return targets, critic, path
+    return targets, critic, path, start
 
 
 def run_critic(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
@@ -236,7 +237,8 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
     rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", data), output_path(f"{prefix}/rewards", data)
     rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
     tokenizer = AutoTokenizer.from_pretrained(output_path(checkpoint_key(0), data))
-    targets, critic, parent = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id, take=True)
+    targets, critic, parent, start = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id,
+                                                       take=True)
     from rl_assets.train.train_state import fingerprint
 
     seed, world = params.seed * 1000 + round_number, dist.get_world_size() if dist.is_initialized() else 1
@@ -247,7 +249,7 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
                                             state_dir=train_state_dir(round_number, data, "critic"), fingerprint=state)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
-    start = critic_parent(params, round_number, data)[1] or read_lineage(parent).get("start", "policy")  # how the chain began
+    start = start or read_lineage(parent).get("start", "policy")  # how the chain began
     lineage = {"round": round_number, "kind": CRITIC_KIND, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
                "start": start, "lora": params.train.ppo.critic_lora,
                "trained_on": inputs, "train": params.train.model_dump(mode="json"),

@@ -8,16 +8,14 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
 import signal
 import subprocess
-import time
 
 import pytest
 import yaml
 
 from conftest import DVC, PYTHON, copy_project, project_env, python
-from faults import fault_project, interrupted, resumed, uninterrupted
+from faults import fault_project, interrupted, kill_group_when, resumed, uninterrupted
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage, read_retired
 
 pytestmark = pytest.mark.skipif(not DVC.exists(), reason="DVC's environment (.venv-dvc) is not installed")
@@ -204,12 +202,9 @@ def test_a_training_state_saved_mid_round_is_pushed_and_a_fresh_machine_resumes_
     listing = tmp_path / "remote-lost/rl-assets/files.json"
     process = subprocess.Popen([PYTHON, "-m", "pipelines", "run"], cwd=projects["lost"], env=project_env(projects["lost"], OMP_NUM_THREADS="1"),
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while not (listing.is_file() and any("train_state/step-" in f and f.endswith("trainer_state.json") for f in json.loads(listing.read_text()))):
-        assert process.poll() is None and time.monotonic() < deadline, f"no training state was pushed mid-round: {process.stderr.read()[-3000:]}"
-        time.sleep(0.02)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait(timeout=60)
+    kill_group_when(process, lambda: listing.is_file() and any("train_state/step-" in f and f.endswith("trainer_state.json")
+                                                               for f in json.loads(listing.read_text())))
+    assert process.wait(timeout=60) == -signal.SIGKILL, f"the run ended before a training state was pushed: {process.stderr.read()[-3000:]}"
     wait_for_background_pushes(projects["lost"])
 
     rl(projects["fresh"], "pull")

@@ -13,6 +13,7 @@ import pytest
 from safetensors.torch import load_file
 
 from conftest import PYTHON, copy_project, project_env, python
+from faults import kill_group_when
 from rl_assets.core.checkpoints import read_lineage
 
 pytestmark = pytest.mark.e2e
@@ -39,10 +40,7 @@ def test_sigkill_then_rerun_resumes_and_matches_an_uninterrupted_run(pipeline_ou
     kill_after = random.Random().choice(range(4, 60, 4))  # a random save point; the kill lands somewhere after it
     process = subprocess.Popen([PYTHON, *TRAIN], cwd=killed, env=project_env(killed, **ENV), stdout=subprocess.DEVNULL,
                                stderr=subprocess.PIPE, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while newest_saved_step(killed) < kill_after and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    os.killpg(process.pid, signal.SIGKILL)
+    kill_group_when(process, lambda: newest_saved_step(killed) >= kill_after)
     assert process.wait(timeout=60) == -signal.SIGKILL, f"the step ended before the kill: {process.stderr.read()[-2000:]}"
     saved = newest_saved_step(killed)
     assert saved >= kill_after
@@ -61,10 +59,7 @@ def test_rerun_with_other_params_refuses_the_saved_state(pipeline_outputs, tmp_p
     project = copy_project(pipeline_outputs, tmp_path / "project")
     process = subprocess.Popen([PYTHON, *TRAIN], cwd=project, env=project_env(project, **ENV), stdout=subprocess.DEVNULL,
                                stderr=subprocess.DEVNULL, start_new_session=True)
-    deadline = time.monotonic() + 600
-    while newest_saved_step(project) < 8 and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    os.killpg(process.pid, signal.SIGKILL)
+    kill_group_when(process, lambda: newest_saved_step(project) >= 8)
     process.wait(timeout=60)
     assert newest_saved_step(project) >= 8
     refused = python([*TRAIN, "--set", "train.learning_rate=0.02"], project, timeout=600, check=False, **ENV)

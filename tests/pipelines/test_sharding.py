@@ -4,9 +4,7 @@ in the sharded model, and a killed sharded round resumed from every rank's saved
 
 from __future__ import annotations
 
-import os
 import random
-import signal
 import subprocess
 import time
 
@@ -15,6 +13,7 @@ import torch
 from safetensors.torch import load_file
 
 from conftest import PYTHON, copy_project, project_env, python
+from faults import kill_group_when
 from rl_assets.core.checkpoints import read_lineage
 
 pytestmark = pytest.mark.e2e
@@ -99,12 +98,7 @@ def test_a_killed_sharded_round_resumes_from_every_ranks_shards(pipeline_outputs
         saved = sorted(states.glob("step-*/trainer_state.json"))
         return int(saved[-1].parent.name.split("-")[1]) if saved else 0
 
-    while newest() < kill_after and process.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.005)
-    # as a dead machine: torchrun's workers run in sessions of their own, so each goes, then torchrun
-    for worker in subprocess.run(["pgrep", "-P", str(process.pid)], capture_output=True, text=True).stdout.split():
-        os.kill(int(worker), signal.SIGKILL)
-    os.killpg(process.pid, signal.SIGKILL)
+    kill_group_when(process, lambda: newest() >= kill_after, timeout=deadline - time.monotonic(), workers_too=True)
     process.wait(timeout=60)
     saved = newest()
     assert saved >= kill_after, f"the round ended before the kill: {process.stderr.read().decode()[-2000:]}"
