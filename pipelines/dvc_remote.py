@@ -38,7 +38,12 @@ LAST_FILES = ("trainer_state.json", "RETIRED.json", "model_card.json")  # what m
 
 def configure(name: str, url: str, endpoint_url: str = "") -> dict:
     with Repo(".") as repo, repo.config.edit("local") as conf:
-        conf["remote"][name] = {"url": url, **({"endpointurl": endpoint_url} if endpoint_url else {})}
+        remote = conf["remote"].setdefault(name, {})  # what `dvc remote modify --local` added (a region, a profile) stays
+        remote["url"] = url
+        if endpoint_url:
+            remote["endpointurl"] = endpoint_url
+        else:
+            remote.pop("endpointurl", None)
     return {"configured": name}
 
 

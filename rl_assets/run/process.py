@@ -116,11 +116,29 @@ def start_distributed(params) -> int:
         cuda = params.compute.device != "cpu" and torch.cuda.is_available()
         if cuda:
             torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
-        dist.init_process_group("nccl" if cuda else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo", **_attempt_store())
         label_log_lines(f"[rank {dist.get_rank()}] ")
         print(f"rank {dist.get_rank()} of {dist.get_world_size()} (local rank {os.environ.get('LOCAL_RANK', 0)}, "
               f"{'nccl' if cuda else 'gloo'})", file=sys.stderr, flush=True)
     return dist.get_rank() if dist.is_initialized() else 0
+
+
+def _attempt_store() -> dict:
+    """Under torchrun after a restart: the group's store with keys of this attempt only.
+
+    torchrun's agent keeps one store across restarts, and env:// puts every attempt's group under the same keys: a rank of
+    the restarted group could read the address a killed rank had published and fail to connect ("Gloo connectFullMesh
+    failed ... Connection refused", or wait on it). Each attempt gets a prefix of its own (TORCHELASTIC_RESTART_COUNT).
+    """
+    import torch.distributed as dist
+    from torch.distributed.constants import default_pg_timeout
+
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None or os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return {}
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False, timeout=default_pg_timeout)
+    return {"store": dist.PrefixStore(f"rl-assets/attempt-{attempt}", store), "rank": int(os.environ["RANK"]),
+            "world_size": int(os.environ["WORLD_SIZE"])}
 
 
 def reporting_rank(launched: bool) -> int:
