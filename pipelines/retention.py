@@ -166,7 +166,7 @@ def restore(key: str, params: Params, say=print) -> bool:
 def needed_again(reasons: dict, specs, params: Params, say=print) -> dict:
     """`reasons` (pipelines/outdated.py) plus every retired output a step that runs reads, restored from the remote where one
     holds it, else made again."""
-    from rl_assets.core.paths import output_key
+    from rl_assets.core.paths import flow_order, output_key
 
     by_key = {spec.key: spec for spec in specs}
     added: dict = {}
@@ -181,4 +181,5 @@ def needed_again(reasons: dict, specs, params: Params, say=print) -> dict:
                 continue
             added[dep.asset_key] = f"retired and on no remote, and {output_key(key.path)} reads it: made again"
             pending.append(dep.asset_key)
-    return {**dict(reversed(added.items())), **reasons}  # upstream first, as the run reports them
+    by_name = {output_key(key.path): key for key in added}
+    return {**{by_name[name]: added[by_name[name]] for name in flow_order(list(by_name))}, **reasons}  # upstream first
