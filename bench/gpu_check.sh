@@ -83,7 +83,7 @@ cp -r "$REPO/rl_assets" "$WORK/"
 cp -r "$REPO/data/raw" "$WORK/data/"
 mkdir -p "$WORK/tests" && cp "$REPO/tests/real_models.py" "$WORK/tests/"  # the BPE tokenizer builder; trains on $WORK/data/raw
 cd "$WORK"
-export PYTHONPATH=$WORK:$WORK/tests TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
+export PYTHONPATH=$WORK:$WORK/tests${PYTHONPATH:+:$PYTHONPATH} TOKENIZERS_PARALLELISM=false HF_HUB_OFFLINE=1 PYTHONUNBUFFERED=1
 
 if [ "$SHAPE" = gsm8k ]; then
 "$PY" - "$HIDDEN" "$LAYERS" "$HEADS" "$INTER" <<'PY'
@@ -161,16 +161,16 @@ step() {  # step NAME COMMAND...: runs with the time that is left, log in $WORK/
 echo "device $DEVICE ($GPU_NAME), shape hidden=$HIDDEN layers=$LAYERS heads=$HEADS intermediate=$INTER, round B=$B x G=$G, new tokens <= $NEW, train $MIXED"
 step data "$PY" -c "
 from rl_assets.core.config import load_params
-from rl_assets.core.policy import load_tokenizer
-from rl_assets.core.paths import output_path
+from rl_assets.core.tokenizer import load_tokenizer
+from rl_assets.core.paths import DATA, output_path
 from rl_assets.data.prompts import build_prompts
 from rl_assets.data.raw_data import load_raw_data
 from rl_assets.core.schemas import PROMPTS, RAW_DATA, write_table
 params = load_params('params.yaml')
 raw, _ = load_raw_data(params.raw_data, params.seed)
-write_table(raw, output_path('raw_data'), RAW_DATA, 'raw_data')
+write_table(raw, output_path('raw_data', DATA), RAW_DATA, 'raw_data')
 prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model))
-write_table(prompts, output_path('prompts'), PROMPTS, 'prompts')"
+write_table(prompts, output_path('prompts', DATA), PROMPTS, 'prompts')"
 step sft "$PY" -m rl_assets.run.step sft
 step rollouts "$PY" -c "
 import json, time, torch
@@ -178,7 +178,7 @@ from pathlib import Path
 from rl_assets.core.checkpoints import checkpoint_id
 from rl_assets.core.config import load_params
 from rl_assets.core.policy import load_policy, pick_device
-from rl_assets.core.paths import checkpoint_key, output_path
+from rl_assets.core.paths import DATA, checkpoint_key, output_path
 from rl_assets.core.precision import compute_autocast, resolve_mixed_precision, weights_dtype
 from rl_assets.rollout.generation import generate
 from rl_assets.rollout.sampling import sample_rollouts
@@ -186,7 +186,7 @@ from rl_assets.core.schemas import ROLLOUTS, read_table, write_table
 from rl_assets.core.storage import file_hash
 params = load_params('params.yaml')
 device = pick_device(params.compute.device)
-policy, prompts_path = output_path(checkpoint_key(0)), output_path('prompts')
+policy, prompts_path = output_path(checkpoint_key(0), DATA), output_path('prompts', DATA)
 mode = resolve_mixed_precision(params.train.mixed_precision, device)  # the trainer's precision, as the rollouts step uses it
 model, tokenizer = load_policy(policy, device, dtype=weights_dtype(mode))
 prompts = read_table(prompts_path, 'prompts')
@@ -198,28 +198,31 @@ table = sample_rollouts(model, tokenizer, prompts, params.rollouts, round_number
                         prompts_hash=file_hash(prompts_path), progress=False, model_path=str(policy), autocast=compute_autocast(mode, device))
 sync()
 seconds = time.perf_counter() - started
-write_table(table, output_path('r01/rollouts'), ROLLOUTS, 'rollouts')
+write_table(table, output_path('r01/rollouts', DATA), ROLLOUTS, 'rollouts')
 completion = sum(map(len, table['completion_ids'].to_pylist()))
 prompt = sum(map(len, table['prompt_ids'].to_pylist()))
 Path('rollouts_timing.json').write_text(json.dumps({'seconds': seconds, 'rows': table.num_rows, 'completion_tokens': completion, 'prompt_tokens': prompt,
                   'dtype': str(next(model.parameters()).dtype) + ('' if mode == 'no' else ' + ' + mode + ' autocast'), 'truncated_share': sum(table['truncated'].to_pylist()) / table.num_rows}))"
 step rewards "$PY" -c "
 from rl_assets.core.config import load_params
-from rl_assets.core.paths import output_path
+from rl_assets.core.paths import DATA, output_path
 from rl_assets.rewards import score_rollouts
 from rl_assets.core.schemas import read_table, reward_function_names, rewards_schema, write_table
 from rl_assets.core.storage import file_hash
 params = load_params('params.yaml')
-source = output_path('r01/rollouts')
+source = output_path('r01/rollouts', DATA)
 rewards = score_rollouts(read_table(source, 'rollouts'), params.rewards, file_hash(source))
-write_table(rewards, output_path('r01/rewards'), rewards_schema(reward_function_names(rewards)), 'rewards')"
+write_table(rewards, output_path('r01/rewards', DATA), rewards_schema(reward_function_names(rewards)), 'rewards')"
 step train "$PY" -m rl_assets.run.step train --round 1
+cp "$REPO/bench/gpu_plain_loop.py" .
+step plain "$PY" gpu_plain_loop.py plain.json   # the same rollouts through a plain forward/backward/step loop
 
 "$PY" - rollouts_timing.json "${PEAK:-}" "$GPU_NAME" "$SHAPE" <<'EOF'
 import json, sys
 from pathlib import Path
 
 rollouts = json.loads(Path(sys.argv[1]).read_text())
+plain = json.loads(Path("plain.json").read_text())
 peak = float(sys.argv[2]) * 1e12 if sys.argv[2] else None
 r00 = json.loads(Path("data/r00/checkpoint/lineage.json").read_text())
 card = json.loads(Path("data/r01/checkpoint/lineage.json").read_text())
@@ -237,9 +240,12 @@ summary = {
     "train": {"mixed_precision": card["metrics"].get("mixed_precision"), "steps": card["metrics"]["steps"],
               "completion_tokens_per_s": round(completion_tps), "tokens_per_s": round(train_tps),
               "mfu": mfu(6 * n * train_tps), "mfu_completion_tokens_only": mfu(6 * n * completion_tps)},
+    "plain_loop": {name: {**run, "mfu": mfu(6 * n * run["tokens_per_s"]), "trainer_vs_plain": round(train_tps / run["tokens_per_s"], 3)}
+                   for name, run in plain.items()},
 }
 print(f"rollouts: {rollout_tps:,.0f} completion tokens/s ({summary['rollouts']['dtype']}); "
       f"training: {train_tps:,.0f} tokens/s ({completion_tps:,.0f} completion tokens/s, {summary['train']['mixed_precision']}); "
-      f"MFU {summary['train']['mfu'] if peak else 'n/a (set PEAK_TFLOPS)'}")
+      f"MFU {summary['train']['mfu'] if peak else 'n/a (set PEAK_TFLOPS)'}; trainer / plain loop: "
+      + ", ".join(f"{run['trainer_vs_plain']}x vs {name}" for name, run in summary["plain_loop"].items()))
 print(json.dumps(summary, indent=2))
 EOF

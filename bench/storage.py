@@ -8,6 +8,11 @@ on 127.0.0.1 (moto's, the S3 wire protocol; `storage.push: output`), the two run
 ratio of their seconds per round (from Dagster's event log, round 1 to the last) is the push's cost. Then, on the
 pushing copy, the disk use of data/ and DVC's cache before and after `rl-assets retire --keep N`. Prints JSON lines,
 then the summary.
+
+    .venv/bin/python bench/storage.py --compact     # train.checkpoint_dtype: float32 vs bfloat16, both pushing
+
+runs the pipeline twice instead, each pushing each output: round checkpoints saved in float32, then in bf16, and gives
+each side's data/, run state, DVC cache and remote sizes, its seconds per round and its held-out accuracy curve.
 """
 
 from __future__ import annotations
@@ -68,6 +73,34 @@ def run_side(params: Path, overrides: list[str], remote: str | None, endpoint: s
             "storage_line": next((line for line in last if line.startswith("storage:")), None)}, root
 
 
+def mib(paths) -> float:
+    return round(sum(f.stat().st_size for f in paths if f.is_file() and not f.is_symlink()) / 2**20, 1)
+
+
+def remote_mib(endpoint: str, prefix: str) -> float:
+    import boto3
+
+    s3 = boto3.client("s3", endpoint_url=endpoint, **{k.lower(): v for k, v in CREDENTIALS.items() if k != "AWS_DEFAULT_REGION"},
+                      region_name=CREDENTIALS["AWS_DEFAULT_REGION"])
+    pages = s3.get_paginator("list_objects_v2").paginate(Bucket="rl-assets", Prefix=prefix)
+    return round(sum(o["Size"] for page in pages for o in page.get("Contents", [])) / 2**20, 1)
+
+
+def compact_sides(args, s3: str, roots: list[Path]) -> None:
+    sides = {}
+    for dtype in ("float32", "bfloat16"):
+        result, root = run_side(args.params, args.overrides + [f"train.checkpoint_dtype={dtype}"], f"s3://rl-assets/{dtype}", s3)
+        roots.append(root)
+        curve = pipeline_curve(root)["curve"]
+        sides[dtype] = {**result, **disk_mib(root), "run_state_mib": mib((root / "data" / "run_state").rglob("*")),
+                        "checkpoints_mib": mib(f for n in range(1, 100) for f in (root / "data" / f"r{n:02d}" / "checkpoint").glob("*")),
+                        "remote_mib": remote_mib(s3, dtype), "sampled_accuracy": [point["sampled_accuracy"] for point in curve]}
+        print(json.dumps({dtype: sides[dtype]}), flush=True)
+    ratio = {key: round(sides["bfloat16"][key] / sides["float32"][key], 3)
+             for key in ("data_mib", "dvc_cache_mib", "checkpoints_mib", "remote_mib", "seconds_per_round") if sides["float32"][key]}
+    print(json.dumps({"summary": {"bfloat16_vs_float32": ratio}}, indent=2))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--params", type=Path, default=REPO / "params.yaml")
@@ -76,6 +109,7 @@ def main() -> None:
     parser.add_argument("--remote", choices=["s3", "dir"], default="s3", help="moto's S3 on loopback, or a directory")
     parser.add_argument("--push", choices=["output", "round", "run"], default="output", help="storage.push of the pushing side")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
+    parser.add_argument("--compact", action="store_true", help="float32 vs bfloat16 round checkpoints (train.checkpoint_dtype), both pushing")
     args = parser.parse_args()
     import logging
     import tempfile
@@ -93,6 +127,8 @@ def main() -> None:
                  region_name="us-east-1").create_bucket(Bucket="rl-assets")
     ratios, roots = [], []
     try:
+        if args.compact:
+            return compact_sides(args, s3, roots)
         for pair in range(args.pairs):
             plain, plain_root = run_side(args.params, args.overrides, None, None)
             remote = f"s3://rl-assets/pair{pair}" if args.remote == "s3" else tempfile.mkdtemp(prefix="rl-assets-remote-")

@@ -67,7 +67,7 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
 
             specs = defs().resolve_all_asset_specs()
             reasons = outdated_assets(instance, specs, data_dir(params.experiment), models=Path(params.promotion.directory),
-                                      carry_optimizer_state=params.train.carry_optimizer_state)
+                                      run_state=params.train.carry_optimizer_state or params.train.checkpoint_dtype != "float32")
             if params.experiment == "default":  # retired checkpoints a step that runs reads: from the remote, or made again
                 from pipelines.retention import needed_again
 

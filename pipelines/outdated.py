@@ -7,8 +7,9 @@ output changed since), the same change `dvc status` sees through dvc.lock. Two m
 from outside Dagster's view: an output deleted or changed on disk since it was recorded (a truncated
 checkpoint, a table overwritten; rl_assets.core.verify), and an asset whose blocking guard never
 passed on its latest materialization (the run stopped there, or died before the check ran). And
-one from the run state: a round that must train continues its parent's carried optimizer moments
-(train.carry_optimizer_state); when those are gone, the parent round trains again to recreate them.
+one from the run state: a round that must sample or train continues from its parent's carried optimizer moments
+(train.carry_optimizer_state) or, for a compact checkpoint, its float32 weights (train.checkpoint_dtype); when those are
+gone, the parent round trains again to recreate them.
 
 Staleness is read from what Dagster records on each materialization (the tags `dagster/code_version`,
 `dagster/data_version` and `dagster/input_data_version/<key>`, shown on every materialization in the UI)
@@ -81,31 +82,33 @@ def passed_checks(instance: DagsterInstance, run_id: str) -> set[tuple[AssetKey,
 
 
 def outdated_assets(instance: DagsterInstance, specs: list[AssetSpec], data: Path = Path("data"), models: Path = Path("models"),
-                    carry_optimizer_state: bool = False) -> dict[AssetKey, str]:
+                    run_state: bool = False) -> dict[AssetKey, str]:
     """{asset key: why it must run}, in flow order, for every asset of `specs` (`Definitions.resolve_all_asset_specs`)
     whose output in the data folder `data` (paths.data_dir) is not up to date."""
     forced: dict[AssetKey, str] = {}
     while True:
         reasons = _outdated(instance, specs, data, models, forced)
-        lost = _parents_with_lost_moments(reasons, data) if carry_optimizer_state else {}
+        lost = _parents_with_lost_run_state(reasons, data) if run_state else {}
         if not lost:
             return reasons
         forced.update(lost)
 
 
-def _parents_with_lost_moments(reasons: dict[AssetKey, str], data: Path) -> dict[AssetKey, str]:
-    """Checkpoints not due to run whose carried moments are gone while the next round's checkpoint must train."""
+def _parents_with_lost_run_state(reasons: dict[AssetKey, str], data: Path) -> dict[AssetKey, str]:
+    """Checkpoints not due to run whose run state is gone (carried moments, a compact checkpoint's float32 weights) while the
+    next round, which continues from it, must sample or train."""
     from rl_assets.core.paths import checkpoint_key
-    from rl_assets.train.train_state import lost_moments
+    from rl_assets.train.train_state import lost_run_state
 
     lost = {}
     for key in reasons:
         parts = output_key(key.path).split("/")
-        if len(parts) == 2 and parts[1] == "checkpoint" and parts[0] != "r00":
-            parent = AssetKey([*key.path[:-2], *checkpoint_key(int(parts[0][1:]) - 1).split("/")])  # the same experiment's
-            if parent not in reasons and lost_moments(int(parts[0][1:]) - 1, data):
-                lost[parent] = (f"its carried optimizer moments are gone from {data / 'run_state'} and {output_key(key.path)} "
-                                "continues them (train.carry_optimizer_state)")
+        if len(parts) == 2 and parts[1] in ("checkpoint", "rollouts") and parts[0] != "r00":
+            parent_round = int(parts[0][1:]) - 1
+            parent = AssetKey([*key.path[:-2], *checkpoint_key(parent_round).split("/")])  # the same experiment's
+            why = None if parent in reasons else lost_run_state(parent_round, data, moments=parts[1] == "checkpoint")
+            if why:
+                lost[parent] = f"{why} and {output_key(key.path)} continues from it"
     return lost
 
 

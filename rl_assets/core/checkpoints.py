@@ -27,18 +27,21 @@ def code_version() -> str:
         return f"rl-assets {__version__}"
 
 
-def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None) -> str:
+def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None, dtype=None) -> str:
     """Write model, tokenizer and lineage card atomically; returns the checkpoint id.
 
     A PEFT model is saved as its adapters, or merged into full weights when `lora.merge` is set.
     Adapters name their base in adapter_config.json by absolute path, and the card's `lora_base`
     records that path and the base's checkpoint id, which loading them checks (models.adapter_base).
+    `dtype` (a torch dtype): full weights are saved rounded to it (train.checkpoint_dtype); the model is not changed.
     """
-    if lora is not None and lora.enabled and lora.merge:
+    if lora is not None and lora.enabled and lora.merge and hasattr(model, "peft_config"):
         model = model.merge_and_unload()
     _keep_only_token_ids_if_invalid(model)
     with atomic_path(path, is_dir=True) as tmp:
-        model.save_pretrained(tmp)
+        model.save_pretrained(tmp, state_dict=_rounded_state_dict(model, dtype))
+        if dtype is not None and not hasattr(model, "peft_config"):
+            _set_config_dtype(tmp / "config.json", str(dtype).removeprefix("torch."))
         if hasattr(model, "peft_config"):  # adapters (lora.merge off): name their base by absolute path and checkpoint id
             named = (model.peft_config.get("default") or next(iter(model.peft_config.values()))).base_model_name_or_path
             base = Path(named or "")
@@ -54,6 +57,73 @@ def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None
         card = {"checkpoint_id": checkpoint_id, "code_version": code_version(), **lineage}
         (tmp / LINEAGE_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")
     return checkpoint_id
+
+
+def _rounded_state_dict(model, dtype) -> dict | None:
+    """The model's weights rounded to `dtype` (None: save them as they are); tied weights stay one tensor, saved once."""
+    if dtype is None or hasattr(model, "peft_config"):
+        return None
+    rounded: dict = {}  # by storage: a tied embedding and LM head give one rounded tensor, which save_pretrained dedups
+    return {name: rounded.setdefault(t.data_ptr(), t.to(dtype)) if t.is_floating_point() else t for name, t in model.state_dict().items()}
+
+
+def _set_config_dtype(config_file: Path, dtype: str) -> None:
+    config = json.loads(config_file.read_text())
+    config["dtype"] = dtype
+    config.pop("torch_dtype", None)
+    config_file.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
+
+
+# train.checkpoint_dtype: bfloat16 saves a round's folder (what DVC, the remote, evaluation, serving and promotion see) in bf16,
+# half the bytes. The chain of rounds does not continue from it: an AdamW update of lr 1e-6 is far below bf16's resolution
+# (8 significant bits) and would round away. The next round samples and trains from the float32 weights, run state in
+# <data>/run_state/weights/<checkpoint id>.safetensors like the carried moments, kept for the newest round and its parent
+# (a run killed between saving round N and reporting it trains round N again, from N-1's).
+class MissingRunState(RuntimeError):
+    """A step needs run state (carried moments, a compact checkpoint's float32 weights) that a parent checkpoint saved and that is gone."""
+
+
+def master_weights_path(checkpoint_id: str, data: Path) -> Path:
+    """Where the float32 weights of compact checkpoint `checkpoint_id` of the data folder `data` (paths.data_dir) live."""
+    return data / "run_state" / "weights" / f"{checkpoint_id}.safetensors"
+
+
+def save_master_weights(model, checkpoint_id: str, data: Path, keep: frozenset[str] = frozenset()) -> Path:
+    """Save `model`'s full-precision weights as those of checkpoint `checkpoint_id`; remove other checkpoints' except `keep`."""
+    from safetensors.torch import save_model
+
+    path = master_weights_path(checkpoint_id, data)
+    with atomic_path(path) as tmp:
+        save_model(model, str(tmp), metadata={"checkpoint_id": checkpoint_id})
+    for other in path.parent.glob("*.safetensors"):
+        if other.stem not in keep | {checkpoint_id}:
+            other.unlink(missing_ok=True)
+    return path
+
+
+def load_master_weights(model, path: str | Path) -> None:
+    """Put the float32 weights that checkpoint folder `path` was rounded from into `model` (loaded from that folder); nothing
+    when the folder holds full weights. Raises MissingRunState when they are gone: continuing from the rounded ones makes another model."""
+    from safetensors import safe_open
+    from safetensors.torch import load_model
+
+    from rl_assets.core.paths import data_dir_of
+
+    card = read_lineage(path)
+    if not card.get("master_weights"):
+        return
+    data = data_dir_of(Path(path))
+    master = master_weights_path(card["checkpoint_id"], data) if data is not None else None
+    if master is None or not master.is_file():
+        raise MissingRunState(
+            f"{path} was saved in {card.get('checkpoint_dtype')} (train.checkpoint_dtype) and the float32 weights the next round continues "
+            f"from are gone ({master or 'no run state beside a folder outside a data folder'}): `rl-assets run` trains round "
+            f"{card.get('round')} again to make them.")
+    with safe_open(str(master), "pt") as saved:
+        held = (saved.metadata() or {}).get("checkpoint_id")
+    if held != card["checkpoint_id"]:
+        raise MissingRunState(f"{master} holds the weights of checkpoint {held}, not {card['checkpoint_id']}: delete it")
+    load_model(model, str(master), strict=True)
 
 
 def _keep_only_token_ids_if_invalid(model) -> None:

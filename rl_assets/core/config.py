@@ -369,6 +369,11 @@ class TrainParams(Section):
     carry_optimizer_state: bool = Field(False, description="Keep AdamW's moments from round to round, as one long TRL run does (the "
                                                            "moments of each checkpoint on disk in data/run_state/optimizer/<checkpoint id>.pt, "
                                                            "never in a checkpoint: 2x the weights per round); off starts each round fresh.")
+    checkpoint_dtype: Literal["float32", "bfloat16"] = Field(
+        "float32", description="The dtype of a round's saved weights. bfloat16 halves a checkpoint on disk, in DVC's cache and on the "
+                               "remote; the saved weights are rounded to 8 significant bits (relative error up to 2^-9), and evaluation, "
+                               "serving and promotion use them as saved. The next round samples and trains from the float32 weights, "
+                               "kept in data/run_state/weights until two rounds later. LoRA adapters (lora.merge off) are saved as they are.")
     lora: LoraParams = Field(default_factory=LoraParams)
     ppo: PPOParams = Field(default_factory=PPOParams, description="The value model and GAE of algorithm ppo.")
     dpo: DPOParams = Field(default_factory=DPOParams)

@@ -99,11 +99,14 @@ def load_base_model(params: ModelParams, seed: int):
     return AutoModelForCausalLM.from_pretrained(params.name_or_path, dtype=torch.float32), tokenizer  # fp32 master weights
 
 
-def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, chain: bool = False):
     """(model, tokenizer) of a saved checkpoint folder, in eval mode on `device`.
 
     `dtype` is explicit: transformers 5 would keep a bf16 checkpoint in bf16 (see precision.py).
+    `chain`: the weights the next round continues from, the float32 ones a compact checkpoint was rounded from
+    (train.checkpoint_dtype); otherwise the folder's, as evaluation, serving and promotion use them.
     """
+    from rl_assets.core.checkpoints import load_master_weights
     from rl_assets.core.verify import checkpoint_intact
 
     checkpoint_intact(path)  # weights that are not those its card names (truncated, overwritten) stop here, naming the file
@@ -111,6 +114,8 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
     model = AutoModelForCausalLM.from_pretrained(adapter_base(path) if adapters else path, dtype=dtype)
     if adapters:
         model.load_adapter(str(path))
+    elif chain:
+        load_master_weights(model, path)
     model = model.to(device)
     tokenizer = AutoTokenizer.from_pretrained(path)
     model.eval()
@@ -154,7 +159,7 @@ def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | P
     parent with full weights (r00, or merged) gets fresh adapters. `dtype`: fp32 master weights unless pure bf16.
     """
     if not lora.enabled:
-        return load_policy(path, device, dtype)
+        return load_policy(path, device, dtype, chain=True)
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from rl_assets.core.verify import checkpoint_intact
@@ -173,6 +178,10 @@ def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | P
     adapters = (Path(path) / "adapter_config.json").is_file()
     base_folder = adapter_base(path, base_path) if adapters else str(Path(path).resolve())  # absolute, id checked
     base = AutoModelForCausalLM.from_pretrained(base_folder, **{"dtype": dtype, **load})
+    if not adapters and not lora.load_in_4bit:  # a compact parent: the float32 weights (4-bit quantizes them anyway)
+        from rl_assets.core.checkpoints import load_master_weights
+
+        load_master_weights(base, path)
     if lora.load_in_4bit:
         from peft import prepare_model_for_kbit_training
 

@@ -18,38 +18,43 @@ from pathlib import Path
 
 import torch
 
-from rl_assets.core.checkpoints import checkpoint_id
+from rl_assets.core.checkpoints import checkpoint_id, read_lineage
 from rl_assets.core.policy import load_policy
 
 
 class Loaded:
     def __init__(self) -> None:
-        self._policy: tuple | None = None  # (checkpoint id, dtype, device, model, tokenizer)
+        self._policy: tuple | None = None  # (checkpoint id, dtype, device, the float32 weights of a compact one, model, tokenizer)
         self._reference: tuple | None = None  # (checkpoint id, device, model)
         self._critic: tuple | None = None  # ((checkpoint id, how it started, device), model): ppo's value model
         self.engine = None  # the colocated vLLM engine (rollouts_vllm.VllmEngine), created by the first vLLM rollouts
         self.loads: Counter = Counter()  # what came from disk, e.g. {"policy": 1, "reference": 1}
 
-    def policy(self, path: str | Path, device: str, dtype: torch.dtype):
-        """(model, tokenizer) of checkpoint `path`, in eval mode: the one in memory when it is that checkpoint."""
-        wanted = checkpoint_id(path)
-        if self._policy is not None and self._policy[:3] == (wanted, dtype, device):
-            return self._policy[3], self._policy[4]
+    def policy(self, path: str | Path, device: str, dtype: torch.dtype, chain: bool = False):
+        """(model, tokenizer) of checkpoint `path`, in eval mode: the one in memory when it is that checkpoint.
+
+        `chain`: the weights the next round continues from (load_policy's): a compact checkpoint's float32 weights.
+        """
+        card = read_lineage(path)
+        wanted = (card["checkpoint_id"], dtype, device, chain and bool(card.get("master_weights")))
+        if self._policy is not None and self._policy[:4] == wanted:
+            return self._policy[4], self._policy[5]
         self._policy = None  # free it before loading the next
-        model, tokenizer = load_policy(path, device, dtype)
+        model, tokenizer = load_policy(path, device, dtype, chain=chain)
         self.loads["policy"] += 1
-        self._policy = (wanted, dtype, device, model, tokenizer)
+        self._policy = (*wanted, model, tokenizer)
         return model, tokenizer
 
     def take_policy(self, path: str | Path, device: str, dtype: torch.dtype):
         """The policy to train in place; out of memory until `keep_policy` puts the trained one back, so a failed round leaves nothing stale."""
-        model, tokenizer = self.policy(path, device, dtype)
+        model, tokenizer = self.policy(path, device, dtype, chain=True)
         self._policy = None
         return model, tokenizer
 
-    def keep_policy(self, model, tokenizer, saved_id: str, device: str, dtype: torch.dtype) -> None:
-        """Keep the model just saved as checkpoint `saved_id` (its weights equal that folder's)."""
-        self._policy = (saved_id, dtype, device, model.to(device), tokenizer)
+    def keep_policy(self, model, tokenizer, saved_id: str, device: str, dtype: torch.dtype, compact: bool = False) -> None:
+        """Keep the model just saved as checkpoint `saved_id` (its weights equal that folder's; `compact`: equal to the float32
+        weights the folder was rounded from, so only the next round's sampling and training use it)."""
+        self._policy = (saved_id, dtype, device, compact, model.to(device), tokenizer)
 
     def reference(self, path: str | Path, device: str):
         """The KL reference (r00) in fp32, loaded once."""

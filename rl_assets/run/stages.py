@@ -18,7 +18,7 @@ import pyarrow as pa
 import torch
 import torch.distributed as dist
 
-from rl_assets.core.checkpoints import checkpoint_id, read_lineage, save_checkpoint
+from rl_assets.core.checkpoints import checkpoint_id, read_lineage, save_checkpoint, save_master_weights
 from rl_assets.core.config import Params
 from rl_assets.core.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, data_dir, output_path, round_prefix, train_state_dir
 from rl_assets.core.precision import compute_autocast, resolve_mixed_precision, weights_dtype
@@ -77,7 +77,7 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
     policy_path = output_path(checkpoint_key(round_number - 1), data)
     prompts_path = output_path("prompts", data)
     mode = precision(params, device)
-    model, tokenizer = loaded.policy(policy_path, device, weights_dtype(mode))
+    model, tokenizer = loaded.policy(policy_path, device, weights_dtype(mode), chain=True)
     started = time.perf_counter()
     table = sample_rollouts(model, tokenizer, read_table(prompts_path, "prompts"), params.rollouts, round_number=round_number,
                             seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
@@ -182,14 +182,30 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
                **stage_lineage("train", params)}
     for table_path in (rollouts_path, rewards_path):  # the code that sampled and scored what this round trained on
         lineage["code"].update(table_lineage(table_path).get("code", {}))
-    saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), data), lineage, lora=train.lora)
+    if train.lora.enabled and train.lora.merge and hasattr(model, "peft_config"):
+        model = model.merge_and_unload()  # the full weights are saved, and a compact checkpoint's float32 copy is of them
+    compact = _compact_dtype(train, model)
+    if compact is not None:  # the folder is rounded; the float32 weights the next round continues from are run state
+        lineage.update(checkpoint_dtype=train.checkpoint_dtype, master_weights="float32")
+    saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), data), lineage, lora=train.lora, dtype=compact)
+    if compact is not None:  # this round's and its parent's (a rerun of this round continues from the parent's)
+        save_master_weights(model, saved_id, data, keep=frozenset({checkpoint_id(parent)}))
     if carries:  # a later process (or a rerun after a crash) reads it; the moments of checkpoints no longer on disk go
         save_carried_optimizer(optimizer_state, saved_id, round_number, data, keep=current_checkpoint_ids(params.rounds, data))
     del optimizer_state  # twice the weights' size: read back from disk by the next round, not held through its sampling
     if keep:
-        loaded.keep_policy(model, tokenizer, saved_id, device, dtype)
+        loaded.keep_policy(model, tokenizer, saved_id, device, dtype, compact=compact is not None)
     shutil.rmtree(train_state_dir(round_number, data), ignore_errors=True)  # the round is done; its resume points are not needed
     return metrics
+
+
+def _compact_dtype(train, model) -> torch.dtype | None:
+    """The dtype a round's full weights are saved rounded to (train.checkpoint_dtype), None when saved as they are: float32
+    asked, LoRA adapters saved alone, or weights already in that dtype (pure_bf16)."""
+    if train.checkpoint_dtype == "float32" or (train.lora.enabled and not train.lora.merge):
+        return None
+    wanted = getattr(torch, train.checkpoint_dtype)
+    return wanted if any(p.dtype != wanted for p in model.parameters() if p.is_floating_point()) else None
 
 
 def critic_parent(params: Params, round_number: int, data: Path) -> tuple[Path, str | None]:

@@ -13,6 +13,8 @@ import json
 import shutil
 from pathlib import Path
 
+from rl_assets.core.checkpoints import MissingRunState
+
 STATE_FILE = "trainer_state.json"
 # Settings that change how often or whether we save, not what is computed.
 NOT_FINGERPRINTED = ("save_steps", "keep_last", "resume")
@@ -84,10 +86,6 @@ def commit_state(tmp: Path, final: Path, info: dict, keep_last: int) -> None:
 # what a round continues from is always the moments its parent was trained with: a run killed after
 # round N saved its moments but before round N was reported retrains round N from round N-1's file,
 # not from round N's. Files of checkpoints no longer on disk are removed when new moments are saved.
-class MissingRunState(RuntimeError):
-    """Training needs run state (carried moments) that a parent checkpoint saved and that is gone."""
-
-
 def carried_optimizer_dir(data: Path) -> Path:
     """<data>/run_state/optimizer: carried moments of the experiment whose data folder (paths.data_dir) is `data`."""
     return data / "run_state" / "optimizer"
@@ -128,13 +126,18 @@ def load_carried_optimizer(parent_id: str, data: Path, device: str = "cpu") -> d
     return saved["optimizer"]
 
 
-def lost_moments(round_number: int, data: Path) -> bool:
-    """Whether checkpoint rNN says it carries AdamW moments and their file is gone (the next round cannot train without them)."""
-    from rl_assets.core.checkpoints import read_lineage
+def lost_run_state(round_number: int, data: Path, moments: bool = True) -> str | None:
+    """What run state checkpoint rNN saved for the next round and lost (None: nothing): its carried AdamW moments (with
+    `moments`: the next round's training needs them, its sampling does not) or, for a compact checkpoint, its float32 weights."""
+    from rl_assets.core.checkpoints import master_weights_path, read_lineage
     from rl_assets.core.paths import checkpoint_key, output_path
 
     path = output_path(checkpoint_key(round_number), data)
     if not (path / "lineage.json").is_file():
-        return False
+        return None
     card = read_lineage(path)
-    return bool(card.get("carries_optimizer_state")) and not carried_optimizer_path(card["checkpoint_id"], data).is_file()
+    if moments and card.get("carries_optimizer_state") and not carried_optimizer_path(card["checkpoint_id"], data).is_file():
+        return f"its carried optimizer moments are gone from {data / 'run_state'} (train.carry_optimizer_state)"
+    if card.get("master_weights") and not master_weights_path(card["checkpoint_id"], data).is_file():
+        return f"its float32 weights are gone from {data / 'run_state'} (train.checkpoint_dtype: {card.get('checkpoint_dtype')})"
+    return None

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from rl_assets.core.checkpoints import LINEAGE_FILE
-from rl_assets.train.train_state import MissingRunState, carried_optimizer_path, load_carried_optimizer, lost_moments, save_carried_optimizer
+from rl_assets.core.checkpoints import LINEAGE_FILE, master_weights_path
+from rl_assets.train.train_state import MissingRunState, carried_optimizer_path, load_carried_optimizer, lost_run_state, save_carried_optimizer
 
 
 def moments(step: float) -> dict:
@@ -32,14 +32,20 @@ def test_a_file_holding_another_checkpoints_moments_is_refused(tmp_path):
         load_carried_optimizer("r02-id", tmp_path)
 
 
-def test_lost_moments_are_those_a_card_promises_and_the_disk_lacks(tmp_path):
+def test_lost_run_state_is_what_a_card_promises_and_the_disk_lacks(tmp_path):
     card = tmp_path / "r01" / "checkpoint" / LINEAGE_FILE  # tmp_path: the experiment's data folder
     card.parent.mkdir(parents=True)
     card.write_text('{"checkpoint_id": "r01-id", "carries_optimizer_state": true}')
-    assert lost_moments(1, tmp_path)
+    assert "carried optimizer moments are gone" in lost_run_state(1, tmp_path)
+    assert lost_run_state(1, tmp_path, moments=False) is None  # the next round's sampling does not need them
     save_carried_optimizer(moments(1.0), "r01-id", 1, tmp_path)
-    assert not lost_moments(1, tmp_path)
+    assert lost_run_state(1, tmp_path) is None
     card.write_text('{"checkpoint_id": "r01-id", "carries_optimizer_state": false}')
     carried_optimizer_path("r01-id", tmp_path).unlink()
-    assert not lost_moments(1, tmp_path)  # e.g. a DPO round, or carry off: the next round starts fresh, as it always did
-    assert not lost_moments(2, tmp_path)  # no checkpoint
+    assert lost_run_state(1, tmp_path) is None  # e.g. a DPO round, or carry off: the next round starts fresh, as it always did
+    assert lost_run_state(2, tmp_path) is None  # no checkpoint
+    card.write_text('{"checkpoint_id": "r01-id", "checkpoint_dtype": "bfloat16", "master_weights": "float32"}')
+    assert "float32 weights are gone" in lost_run_state(1, tmp_path, moments=False)  # a compact checkpoint: sampling needs them too
+    master_weights_path("r01-id", tmp_path).parent.mkdir(parents=True)
+    master_weights_path("r01-id", tmp_path).write_bytes(b"weights")
+    assert lost_run_state(1, tmp_path) is None
