@@ -12,7 +12,8 @@
 # PEAK_TFLOPS (dense bf16 peak of the device; otherwise looked up from nvidia-smi's GPU name),
 # ENGINE transformers|auto|vllm (rollout sampler; auto picks vLLM when installed), LIMIT_S (470),
 # PYTHON (default .venv/bin/python, else a python3 that already has torch/transformers/trl), KEEP=1
-# keeps the work folder. MFU = 6 * n_params * training tokens/s / peak, tokens counted as the
+# keeps the work folder, LOG_DIR=dir gets each step's log (on a lent machine: LOG_DIR=$OUT), PROFILE=1 runs the sft and
+# train steps under cProfile and puts their 40 costliest calls (cumulative) in LOG_DIR/NAME.prof.txt. MFU = 6 * n_params * training tokens/s / peak, tokens counted as the
 # non-padding prompt+completion tokens the training forward/backward passes process; rollouts are
 # given 4 * n_params FLOPs per prompt+completion token (sampling, then the log-prob pass).
 set -euo pipefail
@@ -150,12 +151,22 @@ step() {  # step NAME COMMAND...: runs with the time that is left, log in $WORK/
   local name=$1 left=$((DEADLINE - SECONDS)) started=$SECONDS
   shift
   if [ "$left" -le 5 ]; then echo "out of time before $name (LIMIT_S=$LIMIT_S)" >&2; exit 124; fi
-  if ! timeout "$left" "$@" >"$WORK/$name.log" 2>&1; then
+  local ok=1
+  timeout "$left" "$@" >"$WORK/$name.log" 2>&1 || ok=0
+  if [ -n "${LOG_DIR:-}" ]; then
+    mkdir -p "$LOG_DIR" && cp "$WORK/$name.log" "$LOG_DIR/$name.log"
+    [ -f "$WORK/$name.prof" ] && "$PY" -c "import pstats, sys; pstats.Stats(sys.argv[1], stream=sys.stdout).sort_stats('cumulative').print_stats(40)" \
+      "$WORK/$name.prof" >"$LOG_DIR/$name.prof.txt" 2>&1
+  fi
+  if [ "$ok" = 0 ]; then
     echo "step $name failed or ran out of time (limit ${left}s); last lines:" >&2
     tail -25 "$WORK/$name.log" >&2
     exit 1
   fi
   echo "$name: $((SECONDS - started)) s"
+}
+profiled() {  # profiled NAME: python's arguments for module rl_assets.run.step, under cProfile when PROFILE=1
+  if [ -n "${PROFILE:-}" ]; then echo -m cProfile -o "$WORK/$1.prof" -m rl_assets.run.step; else echo -m rl_assets.run.step; fi
 }
 
 echo "device $DEVICE ($GPU_NAME), shape hidden=$HIDDEN layers=$LAYERS heads=$HEADS intermediate=$INTER, round B=$B x G=$G, new tokens <= $NEW, train $MIXED"
@@ -171,7 +182,7 @@ raw, _ = load_raw_data(params.raw_data, params.seed)
 write_table(raw, output_path('raw_data', DATA), RAW_DATA, 'raw_data')
 prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model))
 write_table(prompts, output_path('prompts', DATA), PROMPTS, 'prompts')"
-step sft "$PY" -m rl_assets.run.step sft
+step sft "$PY" $(profiled sft) sft
 step rollouts "$PY" -c "
 import json, time, torch
 from pathlib import Path
@@ -213,7 +224,7 @@ params = load_params('params.yaml')
 source = output_path('r01/rollouts', DATA)
 rewards = score_rollouts(read_table(source, 'rollouts'), params.rewards, file_hash(source))
 write_table(rewards, output_path('r01/rewards', DATA), rewards_schema(reward_function_names(rewards)), 'rewards')"
-step train "$PY" -m rl_assets.run.step train --round 1
+step train "$PY" $(profiled train) train --round 1
 cp "$REPO/bench/gpu_plain_loop.py" .
 step plain "$PY" gpu_plain_loop.py plain.json   # the same rollouts through a plain forward/backward/step loop
 

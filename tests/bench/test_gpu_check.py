@@ -18,12 +18,14 @@ def positive(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value) and value > 0
 
 
-def test_gpu_check_dry_runs_every_step_on_cpu():
-    env = {**os.environ, "DEVICE": "cpu", "SHAPE": "small", "LIMIT_S": "400", "PYTHON": str(PYTHON)}
+def test_gpu_check_dry_runs_every_step_on_cpu(tmp_path):
+    env = {**os.environ, "DEVICE": "cpu", "SHAPE": "small", "LIMIT_S": "400", "PYTHON": str(PYTHON), "LOG_DIR": str(tmp_path), "PROFILE": "1"}
     done = subprocess.run(["bash", str(REPO / "bench" / "gpu_check.sh")], cwd=REPO, env=env, capture_output=True, text=True, timeout=480)
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
     for step in ("data", "sft", "rollouts", "rewards", "train", "plain"):
         assert any(line.startswith(f"{step}: ") for line in done.stdout.splitlines()), done.stdout
+        assert (tmp_path / f"{step}.log").is_file()
+    assert "run_train" in (tmp_path / "train.prof.txt").read_text()  # the step's own profile, for a GPU run's time outside its loop
     summary = json.loads(done.stdout[done.stdout.index("\n{") + 1 :])
     assert summary["parameters"] > 0 and summary["rollouts"]["completions"] == 16 * 4
     assert positive(summary["rollouts"]["completion_tokens_per_s"]) and positive(summary["train"]["tokens_per_s"])
