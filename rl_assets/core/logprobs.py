@@ -92,7 +92,9 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
         token_logprobs = logits.new_zeros((len(prompt_ids), width - 1))  # the fused head's layout: column j predicts token j + 1
         token_logprobs[:, width - keep :] = logp.gather(-1, targets[..., None])[..., 0]
         token_entropy = logits.new_zeros((len(prompt_ids), width - 1))
-        token_entropy[:, width - keep :] = -(logp.exp() * logp).sum(-1).detach() if with_entropy else 0.0
+        if with_entropy:  # a metric, outside autograd: nothing of it is kept for the backward pass
+            with torch.no_grad():
+                token_entropy[:, width - keep :] = -(logp.exp() * logp).sum(-1)
     logprobs, mask = _completion_positions(token_logprobs, prompt_ids, completion_ids)  # (N, width - 1) -> (N, T)
     if not with_entropy:
         return logprobs, mask
