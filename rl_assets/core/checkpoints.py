@@ -103,12 +103,14 @@ def save_master_weights(model, checkpoint_id: str, data: Path, keep: frozenset[s
 
 def load_master_weights(model, path: str | Path) -> None:
     """Put the float32 weights that checkpoint folder `path` was rounded from into `model` (loaded from that folder); nothing
-    when the folder holds full weights. Raises MissingRunState when they are gone: continuing from the rounded ones makes another model."""
+    when the folder holds full weights, or has no lineage card. Raises MissingRunState when they are gone: continuing from the rounded ones makes another model."""
     from safetensors import safe_open
     from safetensors.torch import load_model
 
     from rl_assets.core.paths import data_dir_of
 
+    if not (Path(path) / LINEAGE_FILE).is_file():  # a model folder of its own (a hub model's, an import): its weights are whole
+        return
     card = read_lineage(path)
     if not card.get("master_weights"):
         return

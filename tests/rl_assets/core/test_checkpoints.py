@@ -70,6 +70,11 @@ def test_a_compact_checkpoint_is_rounded_on_disk_and_the_chain_loads_its_float32
     assert json.loads((path / "config.json").read_text())["dtype"] == "bfloat16"
     assert (path / "model.safetensors").stat().st_size < 0.6 * (data / "r00" / "checkpoint" / "model.safetensors").stat().st_size
 
+    plain = tmp_path / "a-model-folder"  # no lineage card (a hub model's, an import): loads whole, chain or not
+    model.save_pretrained(plain)
+    tokenizer.save_pretrained(plain)
+    assert all(torch.equal(v, full[k]) for k, v in load_policy(plain, chain=True)[0].state_dict().items())
+
     rounded = load_policy(path)[0].state_dict()  # evaluation's, serving's: float32 tensors holding the bf16 values
     assert all(v.dtype == torch.float32 and torch.equal(v, full[k].to(torch.bfloat16).float()) for k, v in rounded.items())
     assert not all(torch.equal(v, full[k]) for k, v in rounded.items())
