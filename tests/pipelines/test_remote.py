@@ -104,6 +104,30 @@ def test_a_fresh_machine_pulls_from_s3_and_continues_to_the_same_checkpoints(mic
     assert checkpoint_id(fresh / "data/r02/checkpoint") == checkpoint_id(first / "data/r02/checkpoint")
 
 
+def test_a_compact_run_continues_on_a_fresh_machine_from_its_pushed_float32_weights(micro_template, tmp_path):
+    """train.checkpoint_dtype: bfloat16. The float32 weights the next round continues from are run state, pushed with it: a
+    fresh machine pulls them and trains round 2 without making round 1 again, to the first machine's round 2."""
+    projects = []
+    for name in ("a", "b"):
+        project = copy_project(micro_template, tmp_path / name)
+        params = yaml.safe_load((project / "params.yaml").read_text())
+        params["train"]["checkpoint_dtype"] = "bfloat16"
+        (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+        projects.append(with_storage(project, remote=str(tmp_path / "remote")))
+    first, fresh = projects
+    rl(first, "run")
+    rl(fresh, "pull")
+    r01 = checkpoint_id(fresh / "data/r01/checkpoint")
+    assert read_lineage(fresh / "data/r01/checkpoint")["checkpoint_dtype"] == "bfloat16"
+    assert (fresh / "data/run_state/weights" / f"{r01}.safetensors").is_file(), "the float32 weights came with the pull"
+    for project in (first, fresh):
+        set_rounds(project, 2)
+    continued = rl(fresh, "run")
+    assert "materialized r02/checkpoint" in continued.stderr and "materialized r01/checkpoint" not in continued.stderr, continued.stderr[-3000:]
+    rl(first, "run")
+    assert checkpoint_id(fresh / "data/r02/checkpoint") == checkpoint_id(first / "data/r02/checkpoint")
+
+
 def test_a_pull_without_a_push_names_the_remote(micro_template, tmp_path):
     project = with_storage(copy_project(micro_template, tmp_path / "p"), remote=str(tmp_path / "empty-remote"))
     (tmp_path / "empty-remote").mkdir()
