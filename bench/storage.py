@@ -56,11 +56,13 @@ def command(root: Path, args: list[str], log: Path | None = None) -> dict:
     return {"wall_s": round(time.perf_counter() - started, 1), "load_avg_at_end": [round(x, 2) for x in os.getloadavg()[:2]]}
 
 
-def disk_mib(root: Path) -> dict:
-    def size(path: Path) -> float:
-        return round(sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink()) / 2**20, 1) if path.exists() else 0.0
+def mib(paths) -> float:
+    """MiB of the regular files among `paths` (links not followed: the venvs are links)."""
+    return round(sum(f.stat().st_size for f in paths if f.is_file() and not f.is_symlink()) / 2**20, 1)
 
-    return {"data_mib": size(root / "data"), "dvc_cache_mib": size(root / ".dvc" / "cache")}
+
+def disk_mib(root: Path) -> dict:
+    return {"data_mib": mib((root / "data").rglob("*")), "dvc_cache_mib": mib((root / ".dvc" / "cache").rglob("*"))}
 
 
 def run_side(params: Path, overrides: list[str], remote: str | None, endpoint: str | None, push: str = "output") -> tuple[dict, Path]:
@@ -71,10 +73,6 @@ def run_side(params: Path, overrides: list[str], remote: str | None, endpoint: s
     last = (root / "pipeline.log").read_text().splitlines()
     return {"remote": remote, "push": push if remote else None, "process": process, "seconds_per_round": round_seconds(curve)["later_rounds_s"],
             "storage_line": next((line for line in last if line.startswith("storage:")), None)}, root
-
-
-def mib(paths) -> float:
-    return round(sum(f.stat().st_size for f in paths if f.is_file() and not f.is_symlink()) / 2**20, 1)
 
 
 def remote_mib(endpoint: str, prefix: str) -> float:

@@ -14,7 +14,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from conftest import DVC, copy_project, python
+from conftest import copy_project, python
 from rl_assets.core.checkpoints import checkpoint_id, master_weights_path, read_lineage
 from rl_assets.core.policy import load_policy
 
@@ -72,8 +72,6 @@ def test_compact_rounds_are_half_the_bytes_and_the_rounds_go_on_as_a_full_run_do
 
 def test_unchanged_files_are_stored_once_in_dvcs_cache(runs):
     """Every round saves the same tokenizer files: DVC's cache holds each once, as the remote does (content-addressed)."""
-    if not DVC.exists():
-        pytest.skip("no DVC")
     _, compact = runs
     tokenizers = {(compact / f"data/r{n:02d}/checkpoint/tokenizer.json").read_bytes() for n in (0, 1, 2, 3)}
     assert len(tokenizers) == 1
