@@ -67,6 +67,31 @@ def cut_at_eos(completion: list[int], eos_ids: set[int]) -> tuple[list[int], boo
     return completion, True
 
 
+def shared_prompt_cache(model, rows: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor):
+    """The KV cache of every row's prompt but its last token, each distinct prompt computed once; None where nothing is shared.
+
+    G samples of a prompt are G equal rows: generate() would run the prompt's forward G times. Here each run of equal
+    rows is computed once and its cache repeated (`batch_select_indices`), and generate() goes on from it with the
+    last prompt token. Positions are the ones generate() gives a left-padded row (the attention mask's cumulative sum),
+    so the samples are those of the unshared call up to float rounding (a batch of other shape rounds differently).
+    """
+    firsts = [i for i, ids in enumerate(rows) if i == 0 or ids != rows[i - 1]]
+    if len(firsts) == len(rows) or input_ids.shape[1] < 2 or model.config.is_encoder_decoder:
+        return None
+    from transformers import Cache
+
+    index = torch.tensor(firsts, device=input_ids.device)
+    ids, mask = input_ids[index, :-1], attention[index, :-1]
+    positions = (mask.cumsum(-1) - 1).clamp(min=0)
+    cache = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1).cache
+    if not isinstance(cache, Cache):  # a model with a cache of its own kind: no sharing
+        return None
+    owner = torch.zeros(len(rows), dtype=torch.long)
+    owner[firsts] = 1
+    cache.batch_select_indices((owner.cumsum(0) - 1).to(input_ids.device))  # each row takes its run's first row's cache
+    return cache
+
+
 def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, greedy: bool, temperature: float = 1.0,
              top_p: float = 1.0, max_new_tokens: int = 16, batch_size: int = 256, seed: int = 0, progress: bool = False,
              autocast=None) -> Completions:
@@ -91,7 +116,9 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
             input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids)) + ids for ids in chunk])  # generation pads on the left
             attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
             with torch.no_grad():
-                sequences = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config)
+                shared = shared_prompt_cache(model, chunk, input_ids.to(device), attention.to(device))
+                sequences = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
+                                           **({"cache": shared} if shared is not None else {}))
             for ids, row in zip(chunk, sequences[:, width:].tolist()):
                 completion, truncated = cut_at_eos(row, ends)
                 out.prompt_ids.append(list(ids))

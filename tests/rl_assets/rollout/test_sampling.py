@@ -107,6 +107,51 @@ def test_sampling_is_seeded():
     assert sample(7).completion_ids != sample(8).completion_ids
 
 
+
+@pytest.mark.parametrize("batch_size", [12, 5])  # 5: a prompt's samples split over two batches
+def test_each_prompt_is_computed_once_and_the_samples_are_those_of_the_unshared_call(batch_size, monkeypatch):
+    """The G samples of a prompt share one forward of the prompt (its cache repeated): the same tokens as G forwards,
+    prompts of different lengths (left padding) included."""
+    import rl_assets.rollout.generation as generation
+
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    shared_rows = []
+    real = generation.shared_prompt_cache
+
+    def counted(model, rows, *args):
+        cache = real(model, rows, *args)
+        shared_rows.append(len(rows) if cache is not None else 0)
+        return cache
+
+    monkeypatch.setattr(generation, "shared_prompt_cache", counted)
+    shared = generate(tiny_model, tokenizer, PROMPTS, 3, greedy=False, temperature=1.0, max_new_tokens=6, batch_size=batch_size, seed=3)
+    monkeypatch.setattr(generation, "shared_prompt_cache", lambda *args: None)
+    unshared = generate(tiny_model, tokenizer, PROMPTS, 3, greedy=False, temperature=1.0, max_new_tokens=6, batch_size=batch_size, seed=3)
+    assert sum(shared_rows) == len(PROMPTS) * 3  # every batch went through a shared cache
+    assert len({len(tokenizer(p)["input_ids"]) for p in PROMPTS}) > 1
+    assert shared == unshared
+    assert len(set(map(tuple, shared.completion_ids))) > len(PROMPTS)  # sampled: a prompt's samples differ
+
+
+def test_a_shared_prompt_cache_holds_each_row_as_its_prompt_alone_would():
+    """Each row's keys and values (rotary positions included) are those of its prompt run unpadded, one row at a time."""
+    from rl_assets.rollout.generation import shared_prompt_cache
+
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    encoded = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(2)]
+    width = max(map(len, encoded))
+    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids)) + ids for ids in encoded])
+    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
+    with torch.no_grad():
+        cache = shared_prompt_cache(tiny_model, encoded, input_ids, attention)
+        for row, ids in enumerate(encoded):
+            alone = tiny_model(input_ids=torch.tensor([ids[:-1]]), use_cache=True).cache
+            for layer, expected in zip(cache.layers, alone.layers):
+                start = width - len(ids)  # the row's left padding
+                assert torch.allclose(layer.keys[row, :, start:], expected.keys[0], atol=1e-5)
+                assert torch.allclose(layer.values[row, :, start:], expected.values[0], atol=1e-5)
+    assert shared_prompt_cache(tiny_model, encoded[::2], input_ids[::2], attention[::2]) is None  # no two rows alike: nothing shared
+
 SPLITS = ["rl", "eval", "rl", "sft", "rl", "rl"]
 PROBLEMS = [(f"{a}+{a + 1}=", str(2 * a + 1)) for a in range(len(SPLITS))]
 
