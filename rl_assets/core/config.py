@@ -399,6 +399,9 @@ class EvaluationParams(Section):
 
 class GuardsParams(Section):
     kl_max: float = Field(0.03, gt=0, description="A checkpoint whose KL to the reference exceeds this fails its blocking check; later rounds stop.")
+    kl_rows: int = Field(64, ge=1, description="Rollout rows of each round the KL to the reference is measured on, exact over the vocabulary "
+                                                "(the first sample of every prompt, then the second, ...): each costs a forward of the policy "
+                                                "and of the reference.")
     entropy_min: float = Field(0.01, ge=0, description="Mean token entropy (nats) below this counts as a collapsed policy (blocking).")
     reward_drop_max: float = Field(0.1, ge=0, description="Mean rollout reward may fall at most this much below the previous round's (warning).")
     accuracy_drop_max: float = Field(0.05, ge=0, description="Sampled held-out accuracy may fall at most this much below the previous checkpoint's (warning).")

@@ -60,7 +60,7 @@ STAGE_TABLE = {
                       (*_RUNNER, *_POLICY, *_EPISODES, "core/logprobs.py", "rollout/")),
     "rewards": Stage("run/stages.py:run_rewards", ("rNN/rewards",), ("rewards",),
                      (*_RUNNER, "core/sandbox.py", "core/user_code.py", "rewards/"), uses_rewards=True),
-    "train": Stage("run/stages.py:run_train", ("rNN/checkpoint",), ("seed", "train"),
+    "train": Stage("run/stages.py:run_train", ("rNN/checkpoint",), ("seed", "train", "guards.kl_rows"),
                    (*_RUNNER, *_POLICY, "core/logprobs.py", "train/policy_gradient.py", "train/advantages.py", "train/losses.py",
                     "train/train_state.py", "train/preference.py", "train/sft.py", "train/critic.py"), distributed=True),
     # ppo only: the value model, fitted to the round's returns. After train in a round: both read the parent's estimates,

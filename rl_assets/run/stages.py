@@ -171,7 +171,8 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     from rl_assets.train.policy_gradient import reference_kl
 
     metrics["kl"] = reference_kl(model.to(device), loaded.reference(base, device), rollouts, pad_id=tokenizer.pad_token_id,
-                                 temperature=params.rollouts.temperature)
+                                 temperature=params.rollouts.temperature, rows=params.guards.kl_rows)
+    metrics["kl_rows"] = min(params.guards.kl_rows, rollouts.num_rows)
     if not train.beta > 0:  # only this metric needs it: not kept through the next round's sampling and training (memory)
         loaded.drop_reference()
     carries = optimizer_state is not None and train.carry_optimizer_state

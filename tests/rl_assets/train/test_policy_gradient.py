@@ -323,6 +323,24 @@ def test_reference_kl_is_zero_against_itself_and_the_exact_kl_otherwise(rollouts
     assert measured > 0 and measured == pytest.approx(total / tokens, rel=1e-5)
 
 
+def test_reference_kl_on_a_few_rows_is_the_exact_kl_of_one_sample_of_each_prompt(four_groups):
+    """guards.kl_rows: the first sample of every prompt before any second one; the KL exact over those rows alone."""
+    from rl_assets.train.policy_gradient import kl_rows, reference_kl
+
+    assert kl_rows(four_groups, 5) == [0, 2, 4, 6, 1]  # four prompts x two samples: each prompt once, then a second sample
+    assert kl_rows(four_groups, 100) == sorted(kl_rows(four_groups, 100), key=lambda r: (r % 2, r)) and len(kl_rows(four_groups, 100)) == 8
+    policy, reference = new_tiny_model(0), new_tiny_model(1)
+    total = tokens = 0.0
+    for row in (0, 2, 4):
+        prompt, completion = four_groups["prompt_ids"][row].as_py(), four_groups["completion_ids"][row].as_py()
+        p, q = _next_token_distributions(policy, prompt, completion), _next_token_distributions(reference, prompt, completion)
+        total += (p.exp() * (p - q)).sum().item()
+        tokens += len(completion)
+    measured = reference_kl(policy, reference, four_groups, pad_id=0, temperature=TEMPERATURE, rows=3)
+    assert measured == pytest.approx(total / tokens, rel=1e-5)
+    assert measured != pytest.approx(reference_kl(policy, reference, four_groups, pad_id=0, temperature=TEMPERATURE, rows=8), rel=1e-3)
+
+
 def test_gradient_checkpointing_gives_the_same_update(rollouts):
     plain, _, _ = train(rollouts, [1.0, 0.0, 0.5, 0.0])
     with warnings.catch_warnings():
