@@ -23,8 +23,8 @@ side goes first. A side's figure is the median over its calls (the best is in th
             prompts and decoding the completions). Plain: a bare `model.generate(input_ids, attention_mask,
             do_sample=True, temperature, top_k=0, top_p=1.0, max_new_tokens, pad_token_id, eos_token_id)`
             loop over left-padded batches built beforehand, under `torch.autocast("cpu", bf16)` for `bf16`
-            (top_k=0, top_p=1.0: the distribution rl-assets samples, so with the same seed both sides draw
-            the same tokens; `same_completions` says whether they did). Tokens are counted up to and
+            (top_k=0, top_p=1.0: the distribution rl-assets samples; it draws differently, so the completions
+            differ: `mean_completion_tokens` gives each side's mean length). Tokens are counted up to and
             including each row's first end-of-sequence id, on both sides.
   logprobs  the rollouts step's stored log-prob pass under no_grad, prompt + completion tokens/s, in
             micro-batches of --logprob-batch-size. rl-assets: `rollouts.completion_logprobs` under the
@@ -270,8 +270,7 @@ def measure_sampling(args, mode: str, models: dict, tokenizer) -> dict:
     cut = {side: [row[: completion_length(row, eos)] for row in outputs[side][-1]] for side in SIDES}
     result = {side: rates([sum(completion_length(r, eos) for r in rows) for rows in outputs[side]], seconds[side]) for side in SIDES}
     result["completions"] = len(expanded)
-    result["mean_completion_tokens"] = result["plain"]["tokens"] / max(len(expanded), 1)
-    result["same_completions"] = cut["rl_assets"] == cut["plain"]
+    result["mean_completion_tokens"] = {side: round(sum(map(len, cut[side])) / max(len(expanded), 1), 2) for side in SIDES}
     return result
 
 
@@ -509,7 +508,8 @@ def print_table(title: str, summary: dict, extra: list[tuple[str, str]], flops: 
             line += f" {n['rl_assets']['gflops']:>9.1f} / {n['plain']['gflops']:<7.1f} {share_text:>14}"
         for label, key in extra:
             value = n.get(key)
-            text = f"{value:.3g}" if isinstance(value, float) else str(value)
+            text = (f"{value:.3g}" if isinstance(value, float) else " / ".join(map(str, value.values())) if isinstance(value, dict)
+                    else str(value))
             line += f" {text:>{max(len(label), 10)}}"
         print(line)
     print(f"fastest plain: {summary['fastest_plain']} ({summary['fastest_plain_tokens_per_s']:,.0f} tokens/s); fastest rl-assets: "
@@ -599,7 +599,7 @@ def main(argv=None) -> None:
     if "sampling" in args.case_list:
         summary["sampling"] = summarize("sampling", workers)
         print_table("sampling: completion tokens/s (median of the timed calls)", summary["sampling"],
-                    [("same completions", "same_completions"), ("mean tokens", "mean_completion_tokens")], flops=False)
+                    [("mean tokens (ours, plain)", "mean_completion_tokens")], flops=False)
     if "logprobs" in args.case_list:
         summary["logprobs"] = summarize("logprobs", workers)
         add_flops(summary["logprobs"], workers, matmul, 2)

@@ -118,10 +118,11 @@ def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids:
     total = tokens = 0.0
     with torch.no_grad():
         for rows in by_prompt_length.values():
-            span = max(len(completion_ids[r]) for r in rows)
-            per_chunk = max(1, max_logits // (span * model.config.get_text_config().vocab_size))
+            longest = max(len(completion_ids[r]) for r in rows)
+            per_chunk = max(1, max_logits // (longest * model.config.get_text_config().vocab_size))
             for start in range(0, len(rows), per_chunk):
                 chunk = rows[start : start + per_chunk]
+                span = max(len(completion_ids[r]) for r in chunk)  # this chunk's: right padding ends at its own longest row
                 input_ids, attention, _ = _right_padded([prompt_ids[r] for r in chunk], [completion_ids[r] for r in chunk], pad_id, device)
                 logp = [torch.log_softmax(m(input_ids=input_ids, attention_mask=attention, logits_to_keep=span + 1).logits[:, :-1].float()
                                           / temperature, dim=-1) for m in (model, ref_model)]

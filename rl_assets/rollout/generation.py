@@ -67,29 +67,91 @@ def cut_at_eos(completion: list[int], eos_ids: set[int]) -> tuple[list[int], boo
     return completion, True
 
 
-def shared_prompt_cache(model, rows: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor):
-    """The KV cache of every row's prompt but its last token, each distinct prompt computed once; None where nothing is shared.
+def prefill(model, rows: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor):
+    """(KV cache, (N, V) float32 logits of each row's next token) of a left-padded batch of prompts; None where the model's
+    cache is not a transformers `Cache` (decode falls back to `model.generate`).
 
-    G samples of a prompt are G equal rows: generate() would run the prompt's forward G times. Here each run of equal
-    rows is computed once and its cache repeated (`batch_select_indices`), and generate() goes on from it with the
-    last prompt token. Positions are the ones generate() gives a left-padded row (the attention mask's cumulative sum),
-    so the samples are those of the unshared call up to float rounding (a batch of other shape rounds differently).
+    G samples of a prompt are G equal rows: each run of equal rows is computed once and its cache repeated
+    (`batch_select_indices`). Positions are the attention mask's cumulative sum, as generate() gives a left-padded row.
     """
-    firsts = [i for i, ids in enumerate(rows) if i == 0 or ids != rows[i - 1]]
-    if len(firsts) == len(rows) or input_ids.shape[1] < 2 or model.config.is_encoder_decoder:
-        return None
     from transformers import Cache
 
+    firsts = [i for i, ids in enumerate(rows) if i == 0 or ids != rows[i - 1]]
     index = torch.tensor(firsts, device=input_ids.device)
-    ids, mask = input_ids[index, :-1], attention[index, :-1]
-    positions = (mask.cumsum(-1) - 1).clamp(min=0)
-    cache = model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True, logits_to_keep=1).cache
-    if not isinstance(cache, Cache):  # a model with a cache of its own kind: no sharing
+    mask = attention[index]
+    out = model(input_ids=input_ids[index], attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
+                logits_to_keep=1)
+    if not isinstance(out.cache, Cache):
         return None
     owner = torch.zeros(len(rows), dtype=torch.long)
     owner[firsts] = 1
-    cache.batch_select_indices((owner.cumsum(0) - 1).to(input_ids.device))  # each row takes its run's first row's cache
-    return cache
+    select = (owner.cumsum(0) - 1).to(input_ids.device)  # each row takes its run's first row's
+    if len(firsts) < len(rows):
+        out.cache.batch_select_indices(select)
+    return out.cache, out.logits[select, -1].float()
+
+
+def next_tokens(logits: torch.Tensor, *, greedy: bool, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+    """(A,) the next token of each row from its (A, V) logits: the argmax, or a draw at `temperature` from the
+    `top_p` nucleus (transformers' TopPLogitsWarper's rule: the smallest set of most likely tokens holding top_p).
+
+    The draw inverts each row's cumulative distribution at one uniform number, exact up to the float32 rounding of
+    the cumulative sum (~1e-7 of probability mass); torch.multinomial draws the same law, ~40x slower on a
+    49,152-token vocabulary on CPU.
+
+    >>> logits = torch.tensor([[0.0, 2.0, -1.0], [5.0, 0.0, 0.0]])
+    >>> next_tokens(logits, greedy=True).tolist()
+    [1, 0]
+    >>> _ = torch.manual_seed(0); draws = next_tokens(torch.tensor([[0.1, 0.6, 0.3, 0.0]] * 20000).log(), greedy=False)
+    >>> [round(float((draws == k).float().mean()), 1) for k in range(4)]
+    [0.1, 0.6, 0.3, 0.0]
+    >>> next_tokens(torch.tensor([[1.0, 3.0, 2.9]] * 4), greedy=False, top_p=0.4).tolist()   # the nucleus is token 1 alone
+    [1, 1, 1, 1]
+    """
+    if greedy:
+        return logits.argmax(-1)
+    logits = logits / temperature
+    if top_p < 1.0:
+        ascending, order = logits.sort(-1)
+        drop = ascending.softmax(-1).cumsum(-1) <= 1 - top_p
+        drop[:, -1] = False  # the most likely token always stays
+        logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
+    cdf = logits.softmax(-1).cumsum(-1)
+    draw = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
+    return torch.searchsorted(cdf, draw, right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)  # right: a token of probability 0 never
+
+
+def decode(model, rows: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor, *, ends: set[int], greedy: bool,
+           temperature: float, top_p: float, max_new_tokens: int) -> list[list[int]] | None:
+    """Each row's completion of a left-padded batch, up to and including its first id in `ends`; None where `prefill` is.
+
+    A row leaves the batch when it ends (its cache rows are dropped): later steps compute only the rows still going,
+    where generate() would go on computing every row until the last one ends.
+    """
+    start = prefill(model, rows, input_ids, attention)
+    if start is None:
+        return None
+    cache, logits = start
+    end_ids = torch.tensor(sorted(ends), device=input_ids.device)
+    completions: list[list[int]] = [[] for _ in rows]
+    going_rows, mask, positions = list(range(len(rows))), attention, attention.sum(-1)  # positions: of each row's next token
+    for step in range(max_new_tokens):
+        tokens = next_tokens(logits, greedy=greedy, temperature=temperature, top_p=top_p)
+        for row, token in zip(going_rows, tokens.tolist()):
+            completions[row].append(token)
+        going = ~torch.isin(tokens, end_ids)
+        if step == max_new_tokens - 1 or not going.any():
+            break
+        if not going.all():
+            keep = going.nonzero().squeeze(1)
+            cache.batch_select_indices(keep)
+            going_rows = [going_rows[i] for i in keep.tolist()]
+            mask, positions, tokens = mask[keep], positions[keep], tokens[keep]
+        mask = torch.cat([mask, mask.new_ones(len(mask), 1)], dim=1)
+        logits = model(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions[:, None], cache=cache, use_cache=True,
+                       logits_to_keep=1).logits[:, -1].float()
+        positions = positions + 1
+    return completions
 
 
 def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, greedy: bool, temperature: float = 1.0,
@@ -97,8 +159,9 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
              autocast=None) -> Completions:
     """Sample (or greedily decode) `samples_per_prompt` completions for each prompt, in batches.
 
-    Sampling follows an explicit GenerationConfig; a completion ends at the first of any EOS id
-    (`eos_token_ids`). `autocast` is the precision context of the forward passes (see precision.py).
+    Each batch is prefilled once per distinct prompt and decoded step by step (`decode`: rows that end leave the
+    batch; `next_tokens` draws); a completion ends at the first of any EOS id (`eos_token_ids`). `autocast` is the
+    precision context of the forward passes (see precision.py).
     """
     torch.manual_seed(seed)
     device = next(model.parameters()).device
@@ -116,10 +179,13 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
             input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids)) + ids for ids in chunk])  # generation pads on the left
             attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
             with torch.no_grad():
-                shared = shared_prompt_cache(model, chunk, input_ids.to(device), attention.to(device))
-                sequences = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
-                                           **({"cache": shared} if shared is not None else {}))
-            for ids, row in zip(chunk, sequences[:, width:].tolist()):
+                rows = None if model.config.is_encoder_decoder else decode(
+                    model, chunk, input_ids.to(device), attention.to(device), ends=ends, greedy=greedy, temperature=temperature, top_p=top_p,
+                    max_new_tokens=max_new_tokens)
+                if rows is None:  # a model with a cache of its own kind
+                    rows = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
+                                          generation_config=config)[:, width:].tolist()
+            for ids, row in zip(chunk, rows):
                 completion, truncated = cut_at_eos(row, ends)
                 out.prompt_ids.append(list(ids))
                 out.completion_ids.append(completion)

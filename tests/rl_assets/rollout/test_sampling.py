@@ -108,49 +108,115 @@ def test_sampling_is_seeded():
 
 
 
+def _left_padded(rows: list[list[int]], pad_id: int):
+    width = max(map(len, rows))
+    return (torch.tensor([[pad_id] * (width - len(ids)) + ids for ids in rows]),
+            torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in rows]))
+
+
 @pytest.mark.parametrize("batch_size", [12, 5])  # 5: a prompt's samples split over two batches
-def test_each_prompt_is_computed_once_and_the_samples_are_those_of_the_unshared_call(batch_size, monkeypatch):
-    """The G samples of a prompt share one forward of the prompt (its cache repeated): the same tokens as G forwards,
-    prompts of different lengths (left padding) included."""
+def test_greedy_decoding_gives_what_transformers_generate_gives(batch_size, monkeypatch):
+    """The decode loop (one prefill per distinct prompt, rows leaving as they end) against model.generate, prompts of
+    different lengths (left padding) included."""
     import rl_assets.rollout.generation as generation
 
     tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
-    shared_rows = []
-    real = generation.shared_prompt_cache
-
-    def counted(model, rows, *args):
-        cache = real(model, rows, *args)
-        shared_rows.append(len(rows) if cache is not None else 0)
-        return cache
-
-    monkeypatch.setattr(generation, "shared_prompt_cache", counted)
-    shared = generate(tiny_model, tokenizer, PROMPTS, 3, greedy=False, temperature=1.0, max_new_tokens=6, batch_size=batch_size, seed=3)
-    monkeypatch.setattr(generation, "shared_prompt_cache", lambda *args: None)
-    unshared = generate(tiny_model, tokenizer, PROMPTS, 3, greedy=False, temperature=1.0, max_new_tokens=6, batch_size=batch_size, seed=3)
-    assert sum(shared_rows) == len(PROMPTS) * 3  # every batch went through a shared cache
+    ours = generate(tiny_model, tokenizer, PROMPTS, 3, greedy=True, max_new_tokens=8, batch_size=batch_size)
+    monkeypatch.setattr(generation, "decode", lambda *args, **kwargs: None)  # what a model with a cache of its own kind gets
+    theirs = generate(tiny_model, tokenizer, PROMPTS, 3, greedy=True, max_new_tokens=8, batch_size=batch_size)
     assert len({len(tokenizer(p)["input_ids"]) for p in PROMPTS}) > 1
-    assert shared == unshared
-    assert len(set(map(tuple, shared.completion_ids))) > len(PROMPTS)  # sampled: a prompt's samples differ
+    assert ours == theirs
 
 
-def test_a_shared_prompt_cache_holds_each_row_as_its_prompt_alone_would():
-    """Each row's keys and values (rotary positions included) are those of its prompt run unpadded, one row at a time."""
-    from rl_assets.rollout.generation import shared_prompt_cache
+def test_prefill_computes_each_prompt_once_and_holds_each_row_as_its_prompt_alone_would():
+    """Each row's keys and values (rotary positions included) and next-token logits are those of its prompt run
+    unpadded, one row at a time; equal rows share one forward."""
+    from rl_assets.rollout.generation import prefill
 
     tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
     encoded = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(2)]
-    width = max(map(len, encoded))
-    input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids)) + ids for ids in encoded])
-    attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in encoded])
+    input_ids, attention = _left_padded(encoded, tokenizer.pad_token_id)
+    forwarded = []
+    hook = tiny_model.register_forward_pre_hook(lambda module, args, kwargs: forwarded.append(len(kwargs["input_ids"])), with_kwargs=True)
+    try:
+        with torch.no_grad():
+            cache, logits = prefill(tiny_model, encoded, input_ids, attention)
+    finally:
+        hook.remove()
+    assert forwarded == [len(PROMPTS)]
     with torch.no_grad():
-        cache = shared_prompt_cache(tiny_model, encoded, input_ids, attention)
         for row, ids in enumerate(encoded):
-            alone = tiny_model(input_ids=torch.tensor([ids[:-1]]), use_cache=True).cache
-            for layer, expected in zip(cache.layers, alone.layers):
-                start = width - len(ids)  # the row's left padding
+            alone = tiny_model(input_ids=torch.tensor([ids]), use_cache=True)
+            start = input_ids.shape[1] - len(ids)  # the row's left padding
+            for layer, expected in zip(cache.layers, alone.cache.layers):
                 assert torch.allclose(layer.keys[row, :, start:], expected.keys[0], atol=1e-5)
                 assert torch.allclose(layer.values[row, :, start:], expected.values[0], atol=1e-5)
-    assert shared_prompt_cache(tiny_model, encoded[::2], input_ids[::2], attention[::2]) is None  # no two rows alike: nothing shared
+            assert torch.allclose(logits[row], alone.logits[0, -1], atol=1e-5)
+
+
+def test_rows_leave_the_batch_as_they_end():
+    from rl_assets.rollout.generation import decode
+
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    encoded = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(4)]
+    input_ids, attention = _left_padded(encoded, tokenizer.pad_token_id)
+    ends = set(range(0, tiny_model.config.vocab_size, 3))  # a third of the vocabulary ends a row: rows end at different steps
+    batch_sizes = []
+    hook = tiny_model.register_forward_pre_hook(lambda module, args, kwargs: batch_sizes.append(len(kwargs["input_ids"])), with_kwargs=True)
+    torch.manual_seed(0)
+    try:
+        with torch.no_grad():
+            completions = decode(tiny_model, encoded, input_ids, attention, ends=ends, greedy=False, temperature=1.0, top_p=1.0, max_new_tokens=6)
+    finally:
+        hook.remove()
+    assert all(c[-1] in ends or len(c) == 6 for c in completions) and all(t not in ends for c in completions for t in c[:-1])
+    # the prefill (one row per prompt), then at step k the rows whose completion goes beyond k tokens
+    expected = [len(PROMPTS)] + [sum(len(c) > k for c in completions) for k in range(1, 6)]
+    assert batch_sizes == [size for size in expected if size]
+    assert len(set(map(len, completions))) > 1 and batch_sizes[-1] < len(encoded)
+
+
+def test_each_step_sees_the_logits_of_its_whole_sequence_run_alone(monkeypatch):
+    """Every logits row a draw sees is the unpadded, uncached forward's of that row's prompt and completion so far:
+    positions, masks and the dropped rows' cache all line up."""
+    import rl_assets.rollout.generation as generation
+
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    encoded = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(3)]
+    input_ids, attention = _left_padded(encoded, tokenizer.pad_token_id)
+    seen, draw = [], generation.next_tokens
+    monkeypatch.setattr(generation, "next_tokens", lambda logits, **kwargs: seen.append(logits.clone()) or draw(logits, **kwargs))
+    torch.manual_seed(0)
+    ends = set(range(0, tiny_model.config.vocab_size, 4))
+    with torch.no_grad():
+        completions = generation.decode(tiny_model, encoded, input_ids, attention, ends=ends, greedy=False, temperature=1.0, top_p=1.0,
+                                        max_new_tokens=7)
+        assert len(set(map(len, completions))) > 1  # some rows left early
+        for step, logits in enumerate(seen):
+            rows = [r for r, c in enumerate(completions) if len(c) > step]
+            assert len(rows) == len(logits)
+            for logit, row in zip(logits, rows):
+                alone = tiny_model(input_ids=torch.tensor([encoded[row] + completions[row][:step]])).logits[0, -1]
+                assert torch.allclose(logit, alone, atol=1e-4), (step, row)
+
+
+def test_next_tokens_draws_the_tempered_nucleus_distribution():
+    from rl_assets.rollout.generation import next_tokens
+
+    logits = torch.tensor([2.0, 1.0, 0.5, 0.0, -1.0, -3.0])
+    torch.manual_seed(0)
+    for temperature, top_p in [(1.0, 1.0), (0.5, 1.0), (1.5, 0.8)]:
+        draws = next_tokens(logits.repeat(40000, 1), greedy=False, temperature=temperature, top_p=top_p)
+        expected = torch.softmax(logits / temperature, -1)
+        if top_p < 1.0:  # transformers' rule: the most likely tokens until their mass reaches top_p
+            order = expected.argsort(descending=True)
+            before = expected[order].cumsum(0) - expected[order]
+            expected = torch.where(torch.zeros_like(expected).scatter(0, order, (before < top_p).float()) > 0, expected, 0.0)
+            expected = expected / expected.sum()
+            assert (expected == 0).any()
+        frequencies = torch.bincount(draws, minlength=len(logits)).float() / len(draws)
+        assert torch.allclose(frequencies, expected, atol=0.01), (temperature, top_p, frequencies, expected)
+        assert (frequencies[expected == 0] == 0).all()
 
 SPLITS = ["rl", "eval", "rl", "sft", "rl", "rl"]
 PROBLEMS = [(f"{a}+{a + 1}=", str(2 * a + 1)) for a in range(len(SPLITS))]

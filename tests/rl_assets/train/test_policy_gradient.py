@@ -320,7 +320,7 @@ def test_reference_kl_is_zero_against_itself_and_the_exact_kl_otherwise(rollouts
         total += (p.exp() * (p - q)).sum().item()
         tokens += len(completion)
     measured = reference_kl(policy, reference, rollouts, pad_id=0, temperature=TEMPERATURE)
-    assert measured > 0 and measured == pytest.approx(total / tokens, rel=1e-5)
+    assert measured > 0 and measured == pytest.approx(total / tokens, rel=1e-4)  # float32 logits, padded batches
 
 
 def test_reference_kl_on_a_few_rows_is_the_exact_kl_of_one_sample_of_each_prompt(four_groups):
@@ -337,7 +337,7 @@ def test_reference_kl_on_a_few_rows_is_the_exact_kl_of_one_sample_of_each_prompt
         total += (p.exp() * (p - q)).sum().item()
         tokens += len(completion)
     measured = reference_kl(policy, reference, four_groups, pad_id=0, temperature=TEMPERATURE, rows=3)
-    assert measured == pytest.approx(total / tokens, rel=1e-5)
+    assert measured == pytest.approx(total / tokens, rel=1e-4)
     assert measured != pytest.approx(reference_kl(policy, reference, four_groups, pad_id=0, temperature=TEMPERATURE, rows=8), rel=1e-3)
 
 
