@@ -13,7 +13,7 @@ pytestmark = pytest.mark.e2e
 
 
 @pytest.mark.parametrize("algorithm,settings,expected", [
-    ("rloo", [], "equal_reward_group_share"),
+    ("rloo", [], "trained_rows"),  # a share of equal-reward groups may be 0: it depends on the samples
     ("dpo", ["train.dpo.min_margin=0.01", "train.dpo.batch_size=2", "train.dpo.loss_type=[sigmoid, sft]"], "pairs"),
     ("rft", ["train.rft.min_reward=0.1", "train.rft.batch_size=4"], "kept"),
 ])
