@@ -169,6 +169,7 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
             rows = order[index * minibatch : (index + 1) * minibatch]
             micro_batches = rows.tensor_split(world)[rank].tensor_split(accum)
             step_loss = step_clipped = step_tokens = 0.0
+            num_items = targets.mask[rows].sum().item() / accum  # the global minibatch's tokens per micro-step (value_loss)
             for micro_index, micro in enumerate(micro_batches):
                 chosen = micro.tolist()
                 with accelerator.autocast(), (accelerator.no_sync(critic) if micro_index < accum - 1 else contextlib.nullcontext()):
@@ -176,7 +177,7 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
                     part = targets.rows(micro, values.shape[1])
                     mask = part.mask.to(values.device) * padding
                     loss, metrics = value_loss(values, part.old_values.to(values.device), part.returns.to(values.device), mask,
-                                               clip=params.ppo.value_clip)
+                                               clip=params.ppo.value_clip, num_items=num_items, num_processes=world)
                     accelerator.backward(loss / accum)
                 micro_tokens = mask.sum().item()
                 step_loss += loss.item() / accum

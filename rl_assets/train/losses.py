@@ -107,8 +107,12 @@ def sampler_importance_weights(old_logprobs: torch.Tensor, sampler_logprobs: tor
 
 
 def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor,
-               clip: float | None = 0.2) -> tuple[torch.Tensor, dict]:
+               clip: float | None = 0.2, num_items: float | None = None, num_processes: int = 1) -> tuple[torch.Tensor, dict]:
     """PPO's clipped value loss: 0.5 x max((V - R)^2, (clip(V, V_old +- clip) - R)^2), the mean over masked tokens.
+
+    With `num_items` (the masked tokens of the global minibatch per micro-step, all processes) the sum is divided by it,
+    times `num_processes` as DDP averages gradients: micro-batches and processes holding different token counts then give
+    the update of one process on the whole minibatch, as dapo's loss does (a per-micro-batch mean would not).
 
     Args:
         values: (N, T) the value model's estimates now (with gradients).
@@ -131,7 +135,7 @@ def value_loss(values: torch.Tensor, old_values: torch.Tensor, returns: torch.Te
         clipped = (old_values + torch.clamp(values - old_values, -clip, clip) - returns) ** 2
         worst = torch.maximum(unclipped, clipped)
     tokens = mask.sum().clamp(min=1.0)
-    loss = 0.5 * (worst * mask).sum() / tokens
+    loss = 0.5 * (worst * mask).sum() / (tokens if num_items is None else max(num_items, 1.0) / num_processes)
     with torch.no_grad():
         clipped_share = ((worst > unclipped).float() * mask).sum().item() / tokens.item() if clip is not None else 0.0
         metrics = {"value_clip_fraction": clipped_share, "value_mean": ((values * mask).sum() / tokens).item(),

@@ -32,7 +32,7 @@ def ppo_project(micro_template, folder, faults: bool = False):
     project = (fault_project if faults else copy_project)(micro_template, folder / "project")
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["rounds"] = 2
-    params["rollouts"]["samples_per_prompt"] = 1
+    params["rollouts"].update(samples_per_prompt=1, prompts_per_round=16, max_new_tokens=6)  # enough digits that rewards differ (the guard)
     params["train"].update(PPO)
     (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
     python(["-m", "pipelines", "dvc-sync"], project, timeout=180)

@@ -95,6 +95,26 @@ def test_the_value_loss_stops_pulling_an_estimate_that_moved_past_the_clip():
     assert values.grad[0].tolist() == pytest.approx([(1.0 - 2.0) / 2, 0.0])  # 0.5 * 2 (V - R) / tokens
 
 
+def test_the_value_loss_over_uneven_micro_batches_is_the_whole_minibatchs_mean():
+    """num_items: two micro-batches (or two processes, each averaged by DDP) with 3 and 1 tokens give the gradient of one
+    mean over the 4 tokens; a per-micro-batch mean would weigh the lone token three times as much."""
+    old, returns = torch.zeros(2, 3), torch.tensor([[1.0, 2.0, 3.0], [4.0, 0.0, 0.0]])
+    mask = torch.tensor([[1.0, 1.0, 1.0], [1.0, 0.0, 0.0]])
+    whole = torch.zeros(2, 3, requires_grad=True)
+    value_loss(whole, old, returns, mask, clip=None)[0].backward()
+    for processes in (1, 2):
+        split = torch.zeros(2, 3, requires_grad=True)
+        for row in (0, 1):  # each micro-batch (or process) a row; accumulation divides by 2, DDP averages 2 processes
+            loss, _ = value_loss(split[row : row + 1], old[row : row + 1], returns[row : row + 1], mask[row : row + 1], clip=None,
+                                 num_items=mask.sum().item() / (2 // processes), num_processes=processes)
+            (loss / (2 // processes) / processes).backward()
+        assert torch.allclose(split.grad, whole.grad), processes
+    naive = torch.zeros(2, 3, requires_grad=True)
+    for row in (0, 1):
+        (value_loss(naive[row : row + 1], old[row : row + 1], returns[row : row + 1], mask[row : row + 1], clip=None)[0] / 2).backward()
+    assert not torch.allclose(naive.grad, whole.grad)
+
+
 def test_explained_variance_is_one_for_a_perfect_value_model_and_zero_for_the_mean():
     returns, mask = torch.tensor([[1.0, 2.0, 3.0, 0.0]]), torch.tensor([[1.0, 1.0, 1.0, 0.0]])
     assert explained_variance(returns.clone(), returns, mask) == pytest.approx(1.0)
