@@ -17,7 +17,7 @@ from pipelines.checks import guard_specs
 from pipelines.params import ParamsResource, asset_key, written_keys
 from pipelines.steps import materialized
 from rl_assets.core.config import ComputeParams, Params
-from rl_assets.core.paths import checkpoint_key, data_dir, output_path
+from rl_assets.core.paths import DATA, IMAGES, checkpoint_key, data_dir, output_path
 
 
 def compute_tags(compute: ComputeParams) -> dict:
@@ -40,13 +40,14 @@ def compute_tags(compute: ComputeParams) -> dict:
 TRAINING_RETRY = RetryPolicy(max_retries=2, delay=30, backoff=Backoff.EXPONENTIAL)
 
 
-def stage_tracking(stage: str, params: Params, inputs: list[str] | None = None) -> dict:
+def stage_tracking(stage: str, params: Params, inputs: list[str] | None = None, outputs: list[str] | None = None) -> dict:
     """The `metadata` and `code_version` of a stage's asset: what dvc-sync writes and what the UI compares.
 
     The metadata name the params keys and code files of the stage (rl_assets.core.stage_table: the declared
     project code and the user's own modules, e.g. reward modules) and its raw inputs: the stage's DVC deps.
     The code version hashes that code's content and the params' effective values, so the UI shows the asset
-    stale exactly when `dvc status` shows its stage changed.
+    stale exactly when `dvc status` shows its stage changed. `outputs`: what it writes besides its table or
+    folder (raw_data's images), DVC outs too.
     """
     from rl_assets.core.stage_table import stage_code, stage_params, stage_version
 
@@ -54,6 +55,8 @@ def stage_tracking(stage: str, params: Params, inputs: list[str] | None = None) 
     metadata = {"rl_assets/params": written_keys(stage_params(stage, params)), "rl_assets/code": code}
     if inputs:
         metadata["rl_assets/inputs"] = inputs
+    if outputs:
+        metadata["rl_assets/outputs"] = outputs
     return {"metadata": metadata, "code_version": stage_version(stage, params)}
 
 
@@ -64,6 +67,11 @@ def raw_inputs(params: Params) -> list[str]:
     return source_inputs(params.raw_data)
 
 
+def has_images(params: Params) -> bool:
+    """Whether a raw_data source maps an image column: then raw_data writes <data>/images too."""
+    return any(source.columns.image for source in params.raw_data.sources)
+
+
 def data_assets(params: Params) -> list[AssetsDefinition]:
     """raw_data and prompts, each written in its own step by the Dagster process (no model, no compute child)."""
 
@@ -72,7 +80,7 @@ def data_assets(params: Params) -> list[AssetsDefinition]:
         group_name="data",
         kinds={"parquet"},
         description="Every configured source (JSONL/CSV/Parquet/datasets files, seeded generators) merged into one table with source and hash per row.",
-        **stage_tracking("raw_data", params, raw_inputs(params)),
+        **stage_tracking("raw_data", params, raw_inputs(params), [(DATA / IMAGES).as_posix()] if has_images(params) else None),
         check_specs=guard_specs(asset_key("raw_data")),
     )
     def raw_data(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
@@ -80,11 +88,14 @@ def data_assets(params: Params) -> list[AssetsDefinition]:
         from rl_assets.data.raw_data import load_raw_data
 
         p = params.load()
-        table, dropped = load_raw_data(p.raw_data, p.seed)  # raises before anything is written
-        path = write_table(table, output_path("raw_data", data_dir(p.experiment)), RAW_DATA, "raw_data")
+        data = data_dir(p.experiment)
+        table, dropped = load_raw_data(p.raw_data, p.seed, images_dir=data / IMAGES)  # raises before anything is written
+        path = write_table(table, output_path("raw_data", data), RAW_DATA, "raw_data")
         counts = Counter(table["source"].to_pylist())
         sample = "\n".join(f"- `{message}`" for message in dropped[:10]) or "none"
-        yield from materialized(context, params, path, {"rows": table.num_rows, "rows_per_source": dict(counts), "dropped_bad_rows": len(dropped),
+        images = len({identifier for ids in table["image_ids"].to_pylist() for identifier in ids})
+        yield from materialized(context, params, path, {"rows": table.num_rows, "rows_per_source": dict(counts), "images": images,
+                                                        "dropped_bad_rows": len(dropped),
                                                         "dropped_bad_rows_sample": MetadataValue.md(sample)})
 
     @asset(

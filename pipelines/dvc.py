@@ -415,12 +415,14 @@ def graph_stage(key: str, metadata: dict, parents: list[str]) -> dict | None:
     if "rl_assets/params" not in metadata:
         return None  # not a reproducible output (promoted_model)
     return stage_spec(key, upstream=sorted(parents), params_sections=list(metadata["rl_assets/params"]),
-                      code=list(metadata["rl_assets/code"]), extra_deps=list(metadata.get("rl_assets/inputs", [])))
+                      code=list(metadata["rl_assets/code"]), extra_deps=list(metadata.get("rl_assets/inputs", [])),
+                      extra_outs=list(metadata.get("rl_assets/outputs", [])))
 
 
-def stage_spec(key: str, upstream: list[str], params_sections: list[str], code: list[str], extra_deps: list[str]) -> dict:
-    """One DVC stage: materialize `key` through Dagster; deps are upstream outputs, code and inputs."""
-    outs = [output_path(key, DATA).as_posix()]  # dvc.yaml is the graph of params.yaml, the default experiment
+def stage_spec(key: str, upstream: list[str], params_sections: list[str], code: list[str], extra_deps: list[str],
+               extra_outs: list[str] = ()) -> dict:
+    """One DVC stage: materialize `key` through Dagster; deps are upstream outputs, code and inputs; outs its output and `extra_outs`."""
+    outs = [output_path(key, DATA).as_posix(), *extra_outs]  # dvc.yaml is the graph of params.yaml, the default experiment
     stage = {
         "cmd": f"{PYTHON} -m pipelines materialize {key}",
         "deps": sorted(set(code + extra_deps)) + [output_path(u, DATA).as_posix() for u in upstream],

@@ -100,6 +100,9 @@ class ColumnsParams(Section):
     prompt: str = Field("prompt", min_length=1, description="The source's column holding the problem text.")
     answer: str = Field("answer", min_length=1, description="The source's column holding the reference answer (text or a number).")
     extra: list[str] = Field(default_factory=list, description="Columns passed on to reward functions as keyword arguments, by their own name.")
+    image: str | None = Field(None, min_length=1, description="The source's column holding the row's image: a path relative to the source "
+                                                              "file's folder, the file's bytes, or a datasets Image value; stored "
+                                                              "content-addressed in <data>/images (rl_assets.data.images). null: text only.")
 
     @model_validator(mode="after")
     def _check_extra(self):

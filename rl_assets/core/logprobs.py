@@ -34,6 +34,51 @@ def _completion_positions(values: torch.Tensor, prompt_ids: list[list[int]], com
     return out, mask
 
 
+class _EmbeddingIntoGrad(torch.autograd.Function):
+    """`nn.Embedding`'s lookup whose backward adds into the weight's `.grad` in place.
+
+    Autograd's embedding backward builds a (V, D) gradient of its own, and with tied weights (SmolLM2, Qwen2.5,
+    Llama 3.2) sums it with the LM head's out of place: three (V, D) tensors at the end of every backward, the
+    peak of a full fine-tuning step (+0.34 GB on SmolLM2-135M; bench/train_memory.py). The sum is the same; only
+    the order of additions in a row (index_add_ against the dense backward) can move a gradient by float rounding.
+    The head's gradient still reaches AccumulateGrad after this one: it waits for every use of the weight.
+    """
+
+    @staticmethod
+    def forward(ctx, input_ids, weight, padding_idx):
+        ctx.save_for_backward(input_ids)
+        ctx.weight, ctx.padding_idx = weight, padding_idx
+        return torch.nn.functional.embedding(input_ids, weight, padding_idx)
+
+    @staticmethod
+    def backward(ctx, grad_output):
+        (input_ids,) = ctx.saved_tensors
+        ids, rows = input_ids.reshape(-1), grad_output.reshape(-1, grad_output.shape[-1])
+        if ctx.padding_idx is not None:  # nn.Embedding gives its padding row no gradient
+            ids, rows = ids[ids != ctx.padding_idx], rows[ids != ctx.padding_idx]
+        if ctx.weight.grad is None:
+            ctx.weight.grad = torch.zeros_like(ctx.weight)
+        ctx.weight.grad.index_add_(0, ids, rows.to(ctx.weight.grad.dtype))
+        return None, None, None
+
+
+def _token_inputs(model, input_ids: torch.Tensor) -> dict:
+    """The token inputs of a forward: `input_ids`, or, where a pass trains a plain fp32 `nn.Embedding` in one
+    process, `inputs_embeds` whose gradient goes into `.grad` in place (_EmbeddingIntoGrad).
+
+    Not under DDP or FSDP (their hooks read a parameter's gradient when autograd accumulates it), nor for
+    embeddings that scale or renormalise (Gemma's), nor frozen ones (LoRA).
+    """
+    if not torch.is_grad_enabled() or isinstance(model, torch.nn.parallel.DistributedDataParallel) or (
+            torch.distributed.is_available() and torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        return {"input_ids": input_ids}
+    embedding = model.get_input_embeddings() if hasattr(model, "get_input_embeddings") else None
+    if (type(embedding) is not torch.nn.Embedding or not embedding.weight.requires_grad or embedding.weight.dtype != torch.float32
+            or embedding.max_norm is not None or embedding.scale_grad_by_freq or embedding.sparse):
+        return {"input_ids": input_ids}
+    return {"inputs_embeds": _EmbeddingIntoGrad.apply(input_ids, embedding.weight, embedding.padding_idx)}
+
+
 def _innermost(model):
     """The transformers model under DDP/FSDP/Accelerate wrappers and PEFT, whose forward TRL's fused head replaces."""
     while hasattr(model, "module"):
@@ -83,10 +128,10 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     vocab = _innermost(model).config.get_text_config().vocab_size  # under DDP or FSDP: the wrapped model's
     if device.type == "cuda" or len(prompt_ids) * keep * vocab > PLAIN_LOGITS_MAX:
         use_fused_head(model, temperature)
-        out = model(input_ids=input_ids, attention_mask=attention, labels=labels, fused_lm_head=True)
+        out = model(**_token_inputs(model, input_ids), attention_mask=attention, labels=labels, fused_lm_head=True)
         token_logprobs, token_entropy = out.log_probs.float(), out.entropy
     else:  # few enough logits: only those of the completion positions, no head on the prompt (TRL's CPU head scores them all)
-        logits = model(input_ids=input_ids, attention_mask=attention, logits_to_keep=keep).logits[:, :-1].float() / temperature
+        logits = model(**_token_inputs(model, input_ids), attention_mask=attention, logits_to_keep=keep).logits[:, :-1].float() / temperature
         logp = torch.log_softmax(logits, dim=-1)  # (N, keep - 1, V): columns width - keep .. width - 2, each predicting the next
         targets = labels[:, width - keep + 1 :].clamp(min=0)
         token_logprobs = logits.new_zeros((len(prompt_ids), width - 1))  # the fused head's layout: column j predicts token j + 1

@@ -42,6 +42,9 @@ def data_dir_of(checkpoint: Path) -> Path | None:
     return checkpoint.parent.parent if re.fullmatch(r"r\d\d", checkpoint.parent.name) else None
 
 
+IMAGES = "images"  # <data>/images/<sha256>.<ext>: the prompts' images, raw_data's second output when a source has an image column
+
+
 def output_path(key: str, data: Path) -> Path:
     """The file or folder an asset key writes in the data folder `data` (`data_dir`).
 

@@ -17,8 +17,8 @@ from rl_assets.core.storage import atomic_path
 SCHEMA_VERSION = 3  # 2: `extra` (JSON object of reward inputs) in raw_data, prompts and rollouts; 3: rollouts' sampler_logprobs
 # Tables whose schema moved on since; each still reads the version before it (`_UPGRADES`).
 # rollouts 4: episodes (completion_mask, turns, tool_calls, num_turns, environment, environment_rewards); evaluation 4: tool_call_rate,
-# 5: correct_per_prompt, gain, gain_se
-TABLE_VERSIONS = {"rollouts": 4, "evaluation": 5}
+# 5: correct_per_prompt, gain, gain_se; raw_data and prompts 4: image_ids
+TABLE_VERSIONS = {"rollouts": 4, "evaluation": 5, "raw_data": 4, "prompts": 4}
 
 RAW_DATA = pa.schema(
     [
@@ -28,6 +28,7 @@ RAW_DATA = pa.schema(
         ("prompt", pa.string()),
         ("answer", pa.string()),
         ("extra", pa.string()),  # JSON object of the source's extra columns, passed to reward functions; "{}" when none
+        ("image_ids", pa.list_(pa.string())),  # SHA-256 of each image the prompt shows (<data>/images/<id>.<ext>); [] for text
     ]
 )
 
@@ -43,6 +44,7 @@ PROMPTS = pa.schema(
         ("source_hash", pa.string()),
         ("source_row", pa.int64()),
         ("extra", pa.string()),
+        ("image_ids", pa.list_(pa.string())),
     ]
 )
 
@@ -141,7 +143,12 @@ def _evaluation_columns(table: pa.Table) -> pa.Table:
     return table.select(EVALUATION.names)
 
 
-_UPGRADES = {("rollouts", "3"): _single_turn, ("evaluation", "3"): _evaluation_columns, ("evaluation", "4"): _evaluation_columns}
+def _text_only(table: pa.Table) -> pa.Table:
+    """A raw_data or prompts table of v3 as v4: every row text only (no image ids)."""
+    return table.append_column(pa.field("image_ids", pa.list_(pa.string())), pa.array([[]] * table.num_rows, pa.list_(pa.string())))
+
+
+_UPGRADES = {("rollouts", "3"): _single_turn, ("raw_data", "3"): _text_only, ("prompts", "3"): _text_only, ("evaluation", "3"): _evaluation_columns, ("evaluation", "4"): _evaluation_columns}
 
 
 def write_table(table: pa.Table, path: str | Path, schema: pa.Schema, name: str, lineage: dict | None = None) -> Path:

@@ -49,7 +49,8 @@ _EPISODES = ("rollout/environments.py", "rollout/episodes.py", "rollout/generati
 
 STAGE_TABLE = {
     "raw_data": Stage("data/raw_data.py:load_raw_data", ("raw_data",), ("seed", "raw_data"),
-                      ("core/config.py", "core/schemas.py", "core/storage.py", "data/raw_data.py", "data/raw_files.py", "data/raw_generators.py"),
+                      ("core/config.py", "core/schemas.py", "core/storage.py", "data/images.py", "data/raw_data.py", "data/raw_files.py",
+                       "data/raw_generators.py"),
                       compute=False),
     "prompts": Stage("data/prompts.py:build_prompts", ("prompts",), ("prompts", "model.name_or_path"),
                      ("core/config.py", "core/schemas.py", "core/storage.py", "core/tokenizer.py", "data/prompts.py"), compute=False),

@@ -6,8 +6,9 @@ over to held-out prompts.
 
 The text the policy sees is `prompts.template` with the problem filled in, then, with
 `prompts.chat_template`, wrapped as one user turn by the tokenizer's chat template (with the
-generation prompt). `prompt_id` hashes the problem and answer only: neither the templates nor the
-`extra` reward inputs, so two rows with the same problem and answer are one prompt (the first kept).
+generation prompt). `prompt_id` hashes the problem, the answer and the images (their ids) only: neither the
+templates nor the `extra` reward inputs, so two rows with the same problem, answer and images are one prompt
+(the first kept). The same question about two images is two prompts, each with its own answer.
 """
 
 from __future__ import annotations
@@ -20,13 +21,16 @@ from rl_assets.core.config import PromptsParams
 from rl_assets.core.schemas import PROMPTS
 
 
-def prompt_id(problem: str, answer: str) -> str:
-    """Stable content hash of a problem and its reference answer.
+def prompt_id(problem: str, answer: str, image_ids: list[str] = ()) -> str:
+    """Stable content hash of a problem, its reference answer and the images it shows (a text prompt's id has no images part).
 
     >>> prompt_id("2+2=", "4") == prompt_id("2+2=", "4") != prompt_id("2+2=", "5")
     True
+    >>> prompt_id("How many?", "3", ["ab12"]) != prompt_id("How many?", "3", ["cd34"]) != prompt_id("How many?", "3")
+    True
     """
-    return hashlib.sha256(f"{problem}\0{answer}".encode()).hexdigest()[:16]
+    images = "".join(f"\0image:{identifier}" for identifier in image_ids)
+    return hashlib.sha256(f"{problem}\0{answer}{images}".encode()).hexdigest()[:16]
 
 
 def split_of(pid: str, eval_fraction: float, sft_fraction: float) -> str:
@@ -68,25 +72,30 @@ def encode_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
     return [ids[1:] if bos is not None and len(ids) > 1 and ids[0] == ids[1] == bos else ids for ids in encoded]
 
 
-def _answer_policy(records: list[dict], policy: str) -> dict[str, str | None]:
-    """{problem: the answer kept (None: none)} for every problem that appears with more than one answer.
+def _question(record: dict) -> tuple[str, tuple[str, ...]]:
+    """What a reference answer answers: the problem text and the images it shows."""
+    return record["prompt"], tuple(record.get("image_ids") or ())
+
+
+def _answer_policy(records: list[dict], policy: str) -> dict[tuple, str | None]:
+    """{(problem, image ids): the answer kept (None: none)} for every question that appears with more than one answer.
 
     >>> rows = [{"prompt": "3+4=", "answer": a, "source": "f.jsonl", "source_row": i} for i, a in enumerate(["7", "6", "7"])]
     >>> _answer_policy(rows, "first"), _answer_policy(rows, "drop")
-    ({'3+4=': '7'}, {'3+4=': None})
+    ({('3+4=', ()): '7'}, {('3+4=', ()): None})
     """
-    answers: dict[str, dict[str, list[str]]] = {}
+    answers: dict[tuple, dict[str, list[str]]] = {}
     for record in records:
         where = f"{record.get('source')}:{record.get('source_row')}"
-        answers.setdefault(record["prompt"], {}).setdefault(record["answer"], []).append(where)
+        answers.setdefault(_question(record), {}).setdefault(record["answer"], []).append(where)
     conflicting = {problem: found for problem, found in answers.items() if len(found) > 1}
     if conflicting and policy == "error":
-        shown = [f"{problem!r}: " + ", ".join(f"{answer!r} ({', '.join(rows[:3])}{', ...' if len(rows) > 3 else ''})"
-                                             for answer, rows in found.items())
-                 for problem, found in list(conflicting.items())[:5]]
+        shown = [f"{problem!r}" + (f" (image {images[0][:12]})" if images else "") + ": "
+                 + ", ".join(f"{answer!r} ({', '.join(rows[:3])}{', ...' if len(rows) > 3 else ''})" for answer, rows in found.items())
+                 for (problem, images), found in list(conflicting.items())[:5]]
         raise ValueError(f"{len(conflicting)} problems appear with different answers (source:row):\n  " + "\n  ".join(shown)
                          + "\nFix the data, or set prompts.conflicting_answers to drop (leave them out) or first (keep the first answer)")
-    return {problem: next(iter(found)) if policy == "first" else None for problem, found in conflicting.items()}
+    return {question: next(iter(found)) if policy == "first" else None for question, found in conflicting.items()}
 
 
 def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.Table, dict]:
@@ -96,17 +105,18 @@ def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.T
     records = raw.to_pylist()
     keep = _answer_policy(records, params.conflicting_answers)
     for record in records:
-        if record["prompt"] in keep and keep[record["prompt"]] != record["answer"]:
+        if _question(record) in keep and keep[_question(record)] != record["answer"]:
             dropped["conflicting"] += 1
             continue
-        pid = prompt_id(record["prompt"], record["answer"])
+        image_ids = record.get("image_ids") or []
+        pid = prompt_id(record["prompt"], record["answer"], image_ids)
         if pid in seen:
             dropped["duplicates"] += 1
             continue
         seen.add(pid)
         rows.append({"prompt_id": pid, "prompt": render(record["prompt"], params, tokenizer), "problem": record["prompt"], "answer": record["answer"],
                      "split": split_of(pid, params.eval_fraction, params.sft_fraction),
-                     **{k: record[k] for k in ("source", "source_hash", "source_row", "extra")}})
+                     "image_ids": image_ids, **{k: record[k] for k in ("source", "source_hash", "source_row", "extra")}})
     lengths = [len(ids) for ids in encode_prompts(tokenizer, [r["prompt"] for r in rows])]  # what generation will feed
     kept = []
     for row, length in zip(rows, lengths):

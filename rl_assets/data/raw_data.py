@@ -11,6 +11,10 @@ row's prompt and reference answer; `extra` columns travel as a JSON object to re
 Every row carries `source`, `source_hash` (MD5 of the file; a folder hash for a dataset folder;
 the module file of a python generator) and `source_row`.
 
+With `columns: {image: <column>}` each row also carries an image (a path relative to the source file's
+folder, the file's bytes, or a datasets Image value): checked with PIL, stored once under `<data>/images/`
+by its SHA-256 and listed in the row's `image_ids` (rl_assets.data.images). A null cell is a text-only row.
+
 Bad rows (invalid JSON, undecodable text, a missing column, a wrong type, an empty prompt) stop
 the load with a `RawDataError` naming the file and line (or row); with `on_bad_rows: skip` they are
 dropped and returned as messages. Problems with a whole source always stop the load.
@@ -30,6 +34,7 @@ from typing import TYPE_CHECKING
 
 from rl_assets.core.config import ColumnsParams, Params, ParamsError, RawDataParams, SourceParams
 from rl_assets.data.raw_files import BadRow, RawDataError, Records, read_csv, read_hf_dataset, read_jsonl, read_parquet, where
+from rl_assets.data.images import read_image, store_images
 from rl_assets.data.raw_generators import evaluate_expression, generate_problems, module_file, run_user_generator
 from rl_assets.core.storage import content_hash
 
@@ -113,7 +118,8 @@ def check_sources(params: Params, source: str = "params.yaml", root: Path = Path
 def _records(source: SourceParams, root: Path, seed: int) -> Records:
     label = source.path
     columns = source.columns
-    needed = {columns.prompt: "prompt", columns.answer: "answer", **{c: "extra" for c in columns.extra}}
+    needed = {columns.prompt: "prompt", columns.answer: "answer", **{c: "extra" for c in columns.extra},
+              **({columns.image: "image"} if columns.image else {})}
     typed = [columns.prompt, columns.answer]
     if source.kind == "python":
         return run_user_generator(source.function, source.count, seed, root)
@@ -131,8 +137,19 @@ def _records(source: SourceParams, root: Path, seed: int) -> Records:
     return read_parquet(path, label, needed, typed)
 
 
-def map_row(record: dict, columns: ColumnsParams, at: str) -> dict:
-    """Our `prompt`, `answer` and `extra` (JSON text) from one record; `BadRow` when it does not fit."""
+def image_base(source: SourceParams, root: Path) -> Path:
+    """Where a source's relative image paths start: its file's folder, a datasets folder itself, the project for python."""
+    if source.kind == "python":
+        return root
+    path = root / source.path
+    return path if source.kind == "hf_dataset" else path.parent
+
+
+def map_row(record: dict, columns: ColumnsParams, at: str, base: Path | None = None, images: dict | None = None) -> dict:
+    """Our `prompt`, `answer`, `extra` (JSON text) and `image_ids` from one record; `BadRow` when it does not fit.
+
+    With an image column, the image is read (paths from `base`) and checked, and `images` collects {id: (bytes, extension)}.
+    """
     values = {}
     for field, column in (("prompt", columns.prompt), ("answer", columns.answer)):
         if column not in record:
@@ -153,21 +170,34 @@ def map_row(record: dict, columns: ColumnsParams, at: str) -> dict:
             raise BadRow(f"{at}: column {column!r} holds {type(record[column]).__name__}, which is not JSON") from None
         extra[column] = record[column]
     values["extra"] = json.dumps(extra, sort_keys=True, ensure_ascii=False)
+    values["image_ids"] = []
+    if columns.image is not None:
+        if columns.image not in record:
+            raise BadRow(f"{at}: missing column {columns.image!r} (mapped to image)")
+        if record[columns.image] is not None:
+            identifier, data, extension = read_image(record[columns.image], base or Path("."), at)
+            values["image_ids"] = [identifier]
+            if images is not None:
+                images[identifier] = (data, extension)
     return values
 
 
-def read_source(source: SourceParams, root: Path, seed: int, on_bad_rows: str = "error") -> tuple[list[dict], list[str]]:
-    """The rows of one source (`source_row`, `prompt`, `answer`, `extra`) and the messages of rows it dropped."""
+def read_source(source: SourceParams, root: Path, seed: int, on_bad_rows: str = "error",
+                images: dict | None = None) -> tuple[list[dict], list[str]]:
+    """The rows of one source (`source_row`, `prompt`, `answer`, `extra`, `image_ids`) and the messages of rows it dropped.
+
+    `images` collects the rows' images, {id: (bytes, extension)}, for `store_images`.
+    """
     label = source_label(source)
     if source.kind == "generator":
-        rows = [{**row, "extra": "{}"} for row in generate_problems(root / source.path, source.count, seed, source.path)]
+        rows = [{**row, "extra": "{}", "image_ids": []} for row in generate_problems(root / source.path, source.count, seed, source.path)]
         return rows, []
     rows, dropped = [], []
     for number, record in _records(source, root, seed):
         try:
             if isinstance(record, BadRow):
                 raise record
-            rows.append({"source_row": number, **map_row(record, source.columns, where(label, source.kind, number))})
+            rows.append({"source_row": number, **map_row(record, source.columns, where(label, source.kind, number), image_base(source, root), images)})
         except BadRow as error:
             if on_bad_rows == "error":
                 raise
@@ -191,18 +221,19 @@ def mix(sizes: list[int], weights: list[float], max_rows: int, seed: int) -> lis
     return [sorted(random.Random(f"mix:{seed}:{i}").sample(range(size), min(size, share))) for i, (size, share) in enumerate(zip(sizes, shares))]
 
 
-def load_raw_data(params: RawDataParams, seed: int, root: Path = Path(".")) -> tuple[pa.Table, list[str]]:
+def load_raw_data(params: RawDataParams, seed: int, root: Path = Path("."), images_dir: Path | None = None) -> tuple[pa.Table, list[str]]:
     """All sources merged into one `RAW_DATA` table, and the messages of skipped bad rows.
 
+    The kept rows' images are stored in `images_dir` (rl_assets.data.images) once every source has loaded.
     Raises `RawDataError` before anything is written: a failed load leaves every output as it was.
     """
     import pyarrow as pa
 
     from rl_assets.core.schemas import RAW_DATA
 
-    loaded, dropped = [], []
+    loaded, dropped, images = [], [], {}
     for source in params.sources:
-        rows, skipped = read_source(source, root, seed, source.on_bad_rows or params.on_bad_rows)
+        rows, skipped = read_source(source, root, seed, source.on_bad_rows or params.on_bad_rows, images)
         location = source_location(source, root)
         loaded.append((source_label(source), content_hash(location), rows))
         dropped += skipped
@@ -213,6 +244,9 @@ def load_raw_data(params: RawDataParams, seed: int, root: Path = Path(".")) -> t
     for label, digest, rows in loaded:
         columns["source"] += [label] * len(rows)
         columns["source_hash"] += [digest] * len(rows)
-        for key in ("source_row", "prompt", "answer", "extra"):
+        for key in ("source_row", "prompt", "answer", "extra", "image_ids"):
             columns[key] += [row[key] for row in rows]
+    if images_dir is not None:
+        kept = {identifier for ids in columns["image_ids"] for identifier in ids}  # not those of rows max_rows left out
+        store_images({identifier: images[identifier] for identifier in sorted(kept)}, images_dir)
     return pa.table(columns, schema=RAW_DATA), dropped

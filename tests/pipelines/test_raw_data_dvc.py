@@ -53,3 +53,39 @@ def test_every_source_is_a_dep_and_rows_carry_the_hash_dvc_recorded(project):
     (project / "micro_gen.py").write_text(GENERATOR_MODULE.replace("+1=", "+2="))
     changed = json.loads(dvc(["status", "--json", "raw_data"], project, timeout=180).stdout or "{}")
     assert changed == {"raw_data": [{"changed deps": {"micro_gen.py": "modified"}}]}
+
+
+@pytest.fixture()
+def image_project(micro_copy):
+    """The micro project with a JSONL source whose rows name images beside it."""
+    from PIL import Image
+
+    raw = micro_copy / "data" / "raw"
+    (raw / "img").mkdir()
+    for color in ("red", "blue"):
+        Image.new("RGB", (6, 4), color).save(raw / "img" / f"{color}.png")
+    (raw / "colors.jsonl").write_text("".join(json.dumps({"prompt": "Name the color.", "answer": c, "image": f"img/{c}.png"}) + "\n"
+                                              for c in ("red", "blue")))
+    params = yaml.safe_load((micro_copy / "params.yaml").read_text())
+    params["raw_data"]["sources"] += [{"kind": "jsonl", "path": "data/raw/colors.jsonl", "columns": {"image": "image"}}]
+    (micro_copy / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    python(["-m", "pipelines", "dvc-sync"], micro_copy, timeout=180)
+    return micro_copy
+
+
+def test_images_are_a_dvc_output_of_raw_data_and_a_damaged_one_is_not_up_to_date(image_project):
+    import hashlib
+
+    stage = yaml.safe_load((image_project / "dvc.yaml").read_text())["stages"]["raw_data"]
+    assert stage["outs"] == ["data/raw_data.parquet", "data/images"]
+    dvc(["repro", "raw_data"], image_project, timeout=600)
+    table = read_table(image_project / "data" / "raw_data.parquet", "raw_data")
+    ids = [ids[0] for ids in table["image_ids"].to_pylist() if ids]
+    assert len(ids) == 2
+    for identifier in ids:  # each id is the SHA-256 of the stored file's bytes
+        assert hashlib.sha256((image_project / "data" / "images" / f"{identifier}.png").read_bytes()).hexdigest() == identifier
+    outs = {o["path"]: o for o in yaml.safe_load((image_project / "dvc.lock").read_text())["stages"]["raw_data"]["outs"]}
+    assert outs["data/images"]["md5"].endswith(".dir") and outs["data/images"]["nfiles"] == 2
+    (image_project / "data" / "images" / f"{ids[0]}.png").write_bytes(b"damaged")
+    changed = json.loads(dvc(["status", "--json", "raw_data"], image_project, timeout=180).stdout or "{}")
+    assert changed == {"raw_data": [{"changed outs": {"data/images": "modified"}}]}

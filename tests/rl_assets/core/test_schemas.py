@@ -18,12 +18,15 @@ SINGLE = {"completion_mask": None, "turns": None, "tool_calls": None, "num_turns
 
 SAMPLES = {
     "raw_data": (RAW_DATA, [
-        {"source": "generator:t.json", "source_hash": "a" * 32, "source_row": 0, "prompt": "1+2=", "answer": "3", "extra": "{}"},
-        {"source": "x.jsonl", "source_hash": "b" * 32, "source_row": 7, "prompt": "9-12=", "answer": "-3", "extra": '{"tests": ["a"]}'},
+        {"source": "generator:t.json", "source_hash": "a" * 32, "source_row": 0, "prompt": "1+2=", "answer": "3", "extra": "{}",
+         "image_ids": []},
+        {"source": "x.jsonl", "source_hash": "b" * 32, "source_row": 7, "prompt": "9-12=", "answer": "-3", "extra": '{"tests": ["a"]}',
+         "image_ids": ["d" * 64]},
     ]),
     "prompts": (PROMPTS, [
         {"prompt_id": "0123456789abcdef", "prompt": "Q: 1+2=", "problem": "1+2=", "answer": "3", "split": "train",
-         "n_tokens": 8, "source": "x.jsonl", "source_hash": "c" * 32, "source_row": 1, "extra": '{"level": 2}'},
+         "n_tokens": 8, "source": "x.jsonl", "source_hash": "c" * 32, "source_row": 1, "extra": '{"level": 2}',
+         "image_ids": ["e" * 64, "f" * 64]},
     ]),
     "rollouts": (ROLLOUTS, [
         {"round": 1, "prompt_id": "p", "sample_idx": s, "prompt": "1+2=", "answer": "3", "extra": "{}", "completion": "3",
@@ -70,7 +73,7 @@ def test_rollout_list_columns_keep_their_element_types(tmp_path):
 def test_write_table_casts_and_orders_columns_and_drops_extras(tmp_path):
     rows = SAMPLES["raw_data"][1]
     # Columns in another order, default int64/str types, plus a column the schema does not have.
-    table = pa.table({"answer": [r["answer"] for r in rows], "unknown": [1, 2], **{k: [r[k] for r in rows] for k in ("extra", "prompt", "source_row", "source_hash", "source")}})
+    table = pa.table({"answer": [r["answer"] for r in rows], "unknown": [1, 2], **{k: [r[k] for r in rows] for k in ("extra", "prompt", "source_row", "source_hash", "source", "image_ids")}})
     back = read_table(write_table(table, tmp_path / "raw.parquet", RAW_DATA, "raw_data"), "raw_data")
     assert back.column_names == RAW_DATA.names
     assert back.to_pylist() == rows
@@ -90,13 +93,13 @@ def test_read_table_refuses_another_schema_name(tmp_path):
     path = write_table(pa.Table.from_pylist(rows, schema=schema), tmp_path / "t.parquet", schema, "prompts")
     with pytest.raises(ValueError) as caught:
         read_table(path, "rollouts")
-    assert str(caught.value) == f"{path}: expected table 'rollouts' v{TABLE_VERSIONS['rollouts']}, found 'prompts' v{SCHEMA_VERSION}"
+    assert str(caught.value) == f"{path}: expected table 'rollouts' v{TABLE_VERSIONS['rollouts']}, found 'prompts' v{TABLE_VERSIONS['prompts']}"
 
 
 def test_read_table_refuses_a_plain_parquet_file(tmp_path):
     path = tmp_path / "plain.parquet"
     pq.write_table(pa.Table.from_pylist(SAMPLES["raw_data"][1], schema=RAW_DATA), path)
-    with pytest.raises(ValueError, match=rf"expected table 'raw_data' v{SCHEMA_VERSION}, found '\?' v\?"):
+    with pytest.raises(ValueError, match=rf"expected table 'raw_data' v{TABLE_VERSIONS['raw_data']}, found '\?' v\?"):
         read_table(path, "raw_data")
 
 
@@ -119,7 +122,7 @@ def test_write_table_refuses_missing_columns_and_leaves_no_file(tmp_path):
     path = tmp_path / "raw.parquet"
     with pytest.raises(ValueError) as caught:
         write_table(table, path, RAW_DATA, "raw_data")
-    assert str(caught.value) == f"{path}: table 'raw_data' lacks columns ['answer', 'extra', 'source_row']"
+    assert str(caught.value) == f"{path}: table 'raw_data' lacks columns ['answer', 'extra', 'image_ids', 'source_row']"
     assert list(tmp_path.iterdir()) == []
 
 

@@ -27,8 +27,10 @@ def jsonl(tmp_path, lines: list, name="extra.jsonl", **columns) -> SourceParams:
 
 
 def rows_of(src, root):
+    """The rows of a text source (no image column: every row's image_ids is [], left out here)."""
     rows, dropped = read_source(src, root, seed=0)
     assert dropped == []
+    assert all(row.pop("image_ids") == [] for row in rows)
     return rows
 
 
