@@ -45,9 +45,11 @@ def _rewards(n: int, rollouts: pa.Table, rollouts_path: Path, values: list[float
 
 
 def make_fake_project(root: Path, metrics: dict[int, dict] | None = None, sampled: dict[int, float] | None = None,
-                      rewards: dict[int, list[float]] | None = None, rounds: int = 2, seed: int = 0, experiment: str | None = None) -> Path:
+                      rewards: dict[int, list[float]] | None = None, rounds: int = 2, seed: int = 0, experiment: str | None = None,
+                      images: dict[int, bytes] | None = None) -> Path:
     """Outputs of a `rounds`-round pipeline under `root`; `metrics`/`sampled`/`rewards` override rounds' values.
-    With `experiment`, params.yaml names it and the outputs are in its data folder."""
+    With `experiment`, params.yaml names it and the outputs are in its data folder. `images` {prompt index: file bytes}
+    gives prompts p0..p3 an image each, stored in <data>/images as raw_data stores them."""
     metrics, sampled, rewards = metrics or {}, sampled or {}, rewards or {}
     (root / "data/raw").mkdir(parents=True, exist_ok=True)
     (root / RAW).write_text('{"question": "1+1=", "solution": "2"}\n')
@@ -56,8 +58,12 @@ def make_fake_project(root: Path, metrics: dict[int, dict] | None = None, sample
     source = {"source": RAW, "source_hash": file_hash(root / RAW)}
     write_table(pa.Table.from_pylist([{**source, "source_row": 0, "prompt": "1+1=", "answer": "2"}], schema=RAW_DATA),
                 data / "raw_data.parquet", RAW_DATA, "raw_data")
+    from rl_assets.data.images import image_id, store_images
+
+    images = {i: (image_id(data), data) for i, data in (images or {}).items()}
+    store_images({identifier: (data, "png") for identifier, data in images.values()}, data / "images")
     prompts = [{"prompt_id": f"p{i}", "prompt": f"{i}+1=", "problem": f"{i}+1=", "answer": str(i + 1), "split": "rl" if i < 2 else "eval",
-                "n_tokens": 5, **source, "source_row": 0} for i in range(4)]
+                "n_tokens": 5, **source, "source_row": 0, "image_ids": [images[i][0]] if i in images else []} for i in range(4)]
     prompts_path = write_table(pa.Table.from_pylist(prompts, schema=PROMPTS), data / "prompts.parquet", PROMPTS, "prompts")
     parent = write_checkpoint(data / "r00/checkpoint", 0, "tiny", metrics.get(0, {"loss": 1.0}), {"prompts": file_hash(prompts_path)}, seed)
     for n in range(1, rounds + 1):

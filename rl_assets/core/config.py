@@ -93,7 +93,7 @@ class ModelParams(Section):
 
 
 # Keyword arguments the rewards stage already passes to reward functions; an extra column may not shadow them.
-RESERVED_EXTRA = ("answer", "completion", "completion_ids", "completions", "prompt", "prompt_id", "prompts", "truncated")
+RESERVED_EXTRA = ("answer", "completion", "completion_ids", "completions", "image_ids", "prompt", "prompt_id", "prompts", "truncated")
 
 
 class ColumnsParams(Section):

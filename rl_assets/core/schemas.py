@@ -18,7 +18,7 @@ SCHEMA_VERSION = 3  # 2: `extra` (JSON object of reward inputs) in raw_data, pro
 # Tables whose schema moved on since; each still reads the version before it (`_UPGRADES`).
 # rollouts 4: episodes (completion_mask, turns, tool_calls, num_turns, environment, environment_rewards); evaluation 4: tool_call_rate,
 # 5: correct_per_prompt, gain, gain_se; raw_data and prompts 4: image_ids
-TABLE_VERSIONS = {"rollouts": 4, "evaluation": 5, "raw_data": 4, "prompts": 4}
+TABLE_VERSIONS = {"rollouts": 5, "evaluation": 5, "raw_data": 4, "prompts": 4}  # rollouts 5: image_ids
 
 RAW_DATA = pa.schema(
     [
@@ -76,6 +76,7 @@ ROLLOUTS = pa.schema(
         ("num_turns", pa.int32()),  # policy turns; 1 for a single completion
         ("environment", pa.string()),
         ("environment_rewards", pa.string()),  # JSON object: the environment's reward parts summed over the episode
+        ("image_ids", pa.list_(pa.string())),  # the prompt's images (prompts.image_ids); [] for text
     ]
 )
 EPISODE_COLUMNS = ("completion_mask", "turns", "tool_calls", "num_turns", "environment", "environment_rewards")
@@ -128,11 +129,11 @@ def _tagged(schema: pa.Schema, name: str) -> pa.Schema:
 
 
 def _single_turn(table: pa.Table) -> pa.Table:
-    """A rollouts table of v3 (single completions) as v4: no episode columns but one turn each."""
+    """A rollouts table of v3 (single completions) as v5: no episode columns but one turn each, no images."""
     for name in EPISODE_COLUMNS:
         column = pa.array([1] * table.num_rows, pa.int32()) if name == "num_turns" else pa.nulls(table.num_rows, ROLLOUTS.field(name).type)
         table = table.append_column(ROLLOUTS.field(name), column)
-    return table
+    return _text_only(table)
 
 
 def _evaluation_columns(table: pa.Table) -> pa.Table:
@@ -144,11 +145,12 @@ def _evaluation_columns(table: pa.Table) -> pa.Table:
 
 
 def _text_only(table: pa.Table) -> pa.Table:
-    """A raw_data or prompts table of v3 as v4: every row text only (no image ids)."""
+    """A raw_data or prompts table of v3 (rollouts: v4) as now: every row text only (no image ids)."""
     return table.append_column(pa.field("image_ids", pa.list_(pa.string())), pa.array([[]] * table.num_rows, pa.list_(pa.string())))
 
 
-_UPGRADES = {("rollouts", "3"): _single_turn, ("raw_data", "3"): _text_only, ("prompts", "3"): _text_only, ("evaluation", "3"): _evaluation_columns, ("evaluation", "4"): _evaluation_columns}
+_UPGRADES = {("rollouts", "3"): _single_turn, ("rollouts", "4"): _text_only, ("raw_data", "3"): _text_only, ("prompts", "3"): _text_only,
+             ("evaluation", "3"): _evaluation_columns, ("evaluation", "4"): _evaluation_columns}
 
 
 def write_table(table: pa.Table, path: str | Path, schema: pa.Schema, name: str, lineage: dict | None = None) -> Path:

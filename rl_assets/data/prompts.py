@@ -45,6 +45,20 @@ def split_of(pid: str, eval_fraction: float, sft_fraction: float) -> str:
     return "sft" if bucket < eval_fraction + sft_fraction * (1 - eval_fraction) else "rl"
 
 
+def require_text_prompts(prompts: pa.Table, model: str) -> None:
+    """Stop a model stage whose prompts show images: every policy rl-assets loads today reads text only, and a round that
+    sampled and trained on the text alone would report training on images the policy never saw.
+
+    >>> require_text_prompts(pa.table({"image_ids": [["ab12"], []]}), "tiny")
+    Traceback (most recent call last):
+    ...
+    ValueError: 1 of 2 prompts show images, but the policy (tiny) reads text only; a vision-language policy is not supported yet (issue 28): remove the sources' image column
+    """
+    if "image_ids" in prompts.column_names and (shown := sum(1 for ids in prompts["image_ids"].to_pylist() if ids)):
+        raise ValueError(f"{shown} of {prompts.num_rows} prompts show images, but the policy ({model}) reads text only; a vision-language "
+                         "policy is not supported yet (issue 28): remove the sources' image column")
+
+
 class ChatTemplateError(ValueError):
     """prompts.chat_template is on but the policy tokenizer has no chat template."""
 

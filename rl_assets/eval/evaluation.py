@@ -45,6 +45,8 @@ def score_completions(held_out: pa.Table, completions, samples: int, rewards: Re
     columns = {"round": [0] * n, "prompt_id": repeat("prompt_id"), "sample_idx": [i % samples for i in range(n)],
                "policy_id": [""] * n, "prompt": repeat("prompt"), "answer": repeat("answer"), "extra": repeat("extra"),
                "completion": completions.texts, "completion_ids": completions.completion_ids, "truncated": completions.truncated}
+    if "image_ids" in held_out.column_names:  # the prompts' images: the rewards see them as in training
+        columns["image_ids"] = [ids or [] for ids in repeat("image_ids")]
     if hasattr(completions, "num_turns"):  # episodes: what the environment reported goes to the rewards too
         columns.update(num_turns=completions.num_turns, environment_rewards=completions.environment_rewards, tool_calls=completions.tool_calls,
                        turns=completions.turns)

@@ -1,8 +1,8 @@
 """Walk a checkpoint back to its raw data, using DuckDB over the Parquet files and lineage cards.
 
 There is no second copy of the lineage: each step reads what the previous one names (a card's
-table hashes, the rollouts' policy and prompt ids, the prompts' raw sources) and checks that the
-files on disk still have the hashes that were recorded.
+table hashes, the rollouts' policy and prompt ids, the prompts' raw sources and images) and checks that
+the files on disk still have the hashes that were recorded (an image's id is its hash).
 """
 
 from __future__ import annotations
@@ -13,7 +13,8 @@ from pathlib import Path
 import duckdb
 
 from rl_assets.core.checkpoints import read_lineage, read_retired, retired_words
-from rl_assets.core.paths import DATA, checkpoint_key, data_dir_of, output_path, round_prefix
+from rl_assets.core.paths import DATA, IMAGES, checkpoint_key, data_dir_of, output_path, round_prefix
+from rl_assets.data.images import image_id, stored_image
 from rl_assets.data.raw_data import labelled_location
 from rl_assets.core.storage import content_hash
 
@@ -107,10 +108,40 @@ def trace_checkpoint(checkpoint: str | Path, root: Path = Path("."), data: Path 
         except duckdb.Error as error:
             step["error"] = f"unreadable: {str(error).splitlines()[0]}"
     steps.append(step)
+    if (images := _images_step(connection, prompts, used, data)) is not None:
+        steps.append(images)
     for source in step.get("sources", []):
         raw_path = labelled_location(source["source"], root) or root / source["source"]
         steps.append({"kind": "raw", "path": str(raw_path), "hash": source["source_hash"], "status": _hash_status(raw_path, source["source_hash"])})
     return steps
+
+
+def _images_step(connection, prompts: Path, used: list[str], data: Path) -> dict | None:
+    """The images of the prompts the rounds sampled (of every prompt before a round), each file re-hashed against its id;
+    None for text-only prompts."""
+    import pyarrow.parquet as pq
+
+    try:
+        if not prompts.is_file() or "image_ids" not in pq.read_schema(prompts).names:
+            return None  # written before prompts carried images
+        ids = [row[0] for row in connection.execute(
+            "select distinct unnest(image_ids) from read_parquet(?) where prompt_id in (select prompt_id from read_parquet(?)) order by 1",
+            [str(prompts), used or [str(prompts)]]).fetchall()]
+    except (duckdb.Error, OSError, ValueError):
+        return None  # the prompts step already says the table is unreadable
+    if not ids:
+        return None
+    folder = data / IMAGES
+    missing, changed = [], []
+    for identifier in ids:
+        path = stored_image(folder, identifier)
+        if path is None:
+            missing.append(identifier[:12])
+        elif image_id(path.read_bytes()) != identifier:
+            changed.append(path.name)
+    words = ([f"{len(missing)} missing ({', '.join(missing[:3])}{', ...' if len(missing) > 3 else ''})"] if missing else []) + \
+            ([f"{len(changed)} changed since recorded ({', '.join(changed[:3])}{', ...' if len(changed) > 3 else ''})"] if changed else [])
+    return {"kind": "images", "path": str(folder), "images": len(ids), "status": "; ".join(words) or "ok"}
 
 
 def _value_model_step(critic_id: str, round_number: int, data: Path, root: Path) -> dict:
@@ -172,6 +203,8 @@ def format_trace(steps: list[dict]) -> str:
             lines.append(f"{step['path']}  [{step['status']}]")
             for source in step.get("sources", []):
                 lines.append(f"  └─ {source['source']}  md5={source['source_hash'][:12]}  rows={source['rows']}  used in rollouts={source['rows_in_rollouts']}")
+        elif step["kind"] == "images":
+            lines.append(f"{step['path']}  {step['images']} images, each named by its SHA-256  [{step['status']}]")
         else:
             lines.append(f"{step['path']}  md5={step['hash'][:12]}  [{step['status']}]")
     return "\n".join(lines)

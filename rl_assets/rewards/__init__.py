@@ -93,6 +93,9 @@ def reward_config_hash(params: RewardsParams) -> str:
 def reward_kwargs(rollouts: pa.Table) -> dict[str, list]:
     """The keyword arguments of every reward call: the COLUMNS (and `prompts`, as TRL names them), then each key of the `extra` JSON objects.
 
+    Episodes add `num_turns`, `environment_rewards`, `tool_calls` and `turns`; prompts with images add `image_ids` (each row's
+    list of SHA-256 ids; `rl_assets.data.images.stored_image(<data>/images, id)` is the file).
+
     A row without a key gets None for it. Extra keys never replace a column (the raw_data config
     refuses such names; this keeps tables written before that check safe too).
     """
@@ -103,6 +106,8 @@ def reward_kwargs(rollouts: pa.Table) -> dict[str, list]:
         kwargs["environment_rewards"] = [json.loads(text) if text else {} for text in rollouts["environment_rewards"].to_pylist()]
         kwargs["tool_calls"] = [calls or [] for calls in rollouts["tool_calls"].to_pylist()]
         kwargs["turns"] = rollouts["turns"].to_pylist()
+    if "image_ids" in rollouts.column_names and any(rollouts["image_ids"].to_pylist()):  # the prompts' images (rl_assets.data.images)
+        kwargs["image_ids"] = [ids or [] for ids in rollouts["image_ids"].to_pylist()]
     if "extra" not in rollouts.column_names:
         return kwargs
     rows = []

@@ -100,6 +100,7 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
             "num_turns": result.num_turns if episodes else [1] * n,
             "environment": [params.episodes[0]] * n if episodes else [None] * n,
             "environment_rewards": episode_column("environment_rewards"),
+            "image_ids": [ids or [] for ids in repeat("image_ids")] if "image_ids" in chosen.column_names else [[]] * n,
         },
         schema=ROLLOUTS,
     )

@@ -36,11 +36,13 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
     """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_base_model, load_policy
+    from rl_assets.data.prompts import require_text_prompts
     from rl_assets.eval.promotion import warm_start_path
     from rl_assets.train.sft import warm_start
 
     prompts_path = output_path("prompts", data)
     prompts = read_table(prompts_path, "prompts")
+    require_text_prompts(prompts, params.model.name_or_path)
     promoted = warm_start_path(params.promotion, root)
     if promoted is not None:  # the promoted model already went through SFT and RL: continue from it as is
         model, tokenizer = load_policy(promoted)
@@ -72,14 +74,17 @@ def precision(params: Params, device: str) -> str:
 def run_rollouts(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
     """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint."""
     data = data_dir(params.experiment, root)
+    from rl_assets.data.prompts import require_text_prompts
     from rl_assets.rollout.sampling import sample_rollouts
 
     policy_path = output_path(checkpoint_key(round_number - 1), data)
     prompts_path = output_path("prompts", data)
+    prompts = read_table(prompts_path, "prompts")
+    require_text_prompts(prompts, params.model.name_or_path)
     mode = precision(params, device)
     model, tokenizer = loaded.policy(policy_path, device, weights_dtype(mode), chain=True)
     started = time.perf_counter()
-    table = sample_rollouts(model, tokenizer, read_table(prompts_path, "prompts"), params.rollouts, round_number=round_number,
+    table = sample_rollouts(model, tokenizer, prompts, params.rollouts, round_number=round_number,
                             seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
                             model_path=str(policy_path), autocast=compute_autocast(mode, device), loaded=loaded)
     elapsed = time.perf_counter() - started

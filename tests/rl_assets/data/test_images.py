@@ -155,3 +155,83 @@ def test_raw_data_declares_the_images_folder_as_a_dvc_output_when_a_source_has_i
         raw_data = data_assets(params)[0]
         metadata = {name: getattr(value, "value", value) for name, value in raw_data.specs_by_key[raw_data.key].metadata.items()}
         assert graph_stage("raw_data", metadata, [])["outs"] == outs
+
+
+def test_lineage_walks_a_checkpoint_back_to_the_images_its_rounds_showed(tmp_path):
+    from ops_support import make_fake_project
+    from rl_assets.eval.lineage import format_trace, problems, trace_checkpoint
+
+    shown, unused = png("red"), png("blue")
+    root = make_fake_project(tmp_path, rounds=1, images={0: shown, 1: shown, 3: unused})  # p0, p1 sampled; p3 held out
+    steps = trace_checkpoint(root / "data/r01/checkpoint", root=root)
+    images = next(s for s in steps if s["kind"] == "images")
+    assert (images["images"], images["status"]) == (1, "ok")  # the one image the round's prompts showed
+    assert "1 images, each named by its SHA-256  [ok]" in format_trace(steps)
+    stored = root / "data" / "images" / f"{sha(shown)}.png"
+    stored.write_bytes(shown[:-8])
+    steps = trace_checkpoint(root / "data/r01/checkpoint", root=root)
+    assert problems(steps) == [f"{root / 'data' / 'images'}: 1 changed since recorded ({stored.name})"]
+    stored.unlink()
+    assert problems(trace_checkpoint(root / "data/r01/checkpoint", root=root)) == [f"{root / 'data' / 'images'}: 1 missing ({sha(shown)[:12]})"]
+    text_only = make_fake_project(tmp_path / "text", rounds=1)
+    assert [s["kind"] for s in trace_checkpoint(text_only / "data/r01/checkpoint", root=text_only)] == ["checkpoint", "checkpoint", "prompts", "raw"]
+
+
+def test_rewards_receive_the_image_ids_only_when_prompts_show_images():
+    from rl_assets.rewards import reward_kwargs
+
+    rows = {"prompt": ["a", "b"], "answer": ["1", "2"], "prompt_id": ["p", "q"], "completion_ids": [[1], [2]], "truncated": [False, False],
+            "extra": ["{}", "{}"]}
+    assert "image_ids" not in reward_kwargs(pa.table({**rows, "image_ids": pa.array([[], []], pa.list_(pa.string()))}))
+    assert reward_kwargs(pa.table({**rows, "image_ids": [["ab"], None]}))["image_ids"] == [["ab"], []]
+
+
+def test_model_stages_refuse_prompts_with_images_while_every_policy_reads_text_only(tmp_path):
+    """sft and rollouts stop before loading a model: a text policy would train on the words and report the images as seen."""
+    from ops_support import make_fake_project
+    from rl_assets.core.config import load_params
+    from rl_assets.run.loaded import Loaded
+    from rl_assets.run.stages import run_rollouts, run_sft
+
+    root = make_fake_project(tmp_path, rounds=1, images={0: png("red")})
+    params = load_params(root / "params.yaml")
+    message = r"1 of 4 prompts show images, but the policy \(tiny\) reads text only"
+    with pytest.raises(ValueError, match=message):
+        run_sft(params, root, "cpu")
+    with pytest.raises(ValueError, match=message):
+        run_rollouts(params, 1, root, "cpu", Loaded())
+
+
+def components(data: bytes) -> int:
+    """Connected regions of non-white pixels (4-neighbours): the shapes a picture shows."""
+    from PIL import Image
+
+    image = Image.open(io.BytesIO(data)).convert("RGB")
+    width, height = image.size
+    pixels = image.load()
+    seen, regions = set(), 0
+    for start in ((x, y) for y in range(height) for x in range(width)):
+        if start in seen or pixels[start] == (255, 255, 255):
+            continue
+        regions += 1
+        stack = [start]
+        seen.add(start)
+        while stack:
+            x, y = stack.pop()
+            for nxt in ((x + 1, y), (x - 1, y), (x, y + 1), (x, y - 1)):
+                if 0 <= nxt[0] < width and 0 <= nxt[1] < height and nxt not in seen and pixels[nxt] != (255, 255, 255):
+                    seen.add(nxt)
+                    stack.append(nxt)
+    return regions
+
+
+def test_count_shapes_pictures_show_as_many_shapes_as_the_answer_says(tmp_path):
+    source = SourceParams(kind="python", function="rl_assets.data.image_tasks:count_shapes", count=40,
+                          columns={"image": "image", "extra": ["shapes"]})
+    table, _ = load_raw_data(RawDataParams(sources=[source]), seed=5, root=tmp_path, images_dir=tmp_path / "images")
+    answers = table["answer"].to_pylist()
+    assert set(answers) == {str(n) for n in range(1, 7)}  # every count from 1 to 6 in 40 rows
+    for answer, ids, extra in zip(answers, table["image_ids"].to_pylist(), table["extra"].to_pylist()):
+        assert components(stored_image(tmp_path / "images", ids[0]).read_bytes()) == int(answer) == len(json.loads(extra)["shapes"])
+    again, _ = load_raw_data(RawDataParams(sources=[source]), seed=5, root=tmp_path)
+    assert again["image_ids"].to_pylist() == table["image_ids"].to_pylist()  # rendered byte for byte again: stable ids
