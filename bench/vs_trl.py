@@ -125,6 +125,31 @@ def pipeline_curve(root: Path) -> dict:
                                      "temperature": first["temperature"], "seed": first["seed"]}}
 
 
+STEP_KEYS = {"loss": "loss", "grad_norm": "grad_norm", "learning_rate": "learning_rate", "entropy": "entropy",
+             "clip_fraction": "clip_ratio/region_mean", "clip_low": "clip_ratio/low_mean", "clip_high": "clip_ratio/high_mean"}
+
+
+def step_point(entry: dict) -> dict:
+    """One optimizer step's metrics under our names, from a TRL log entry (logging_steps=1) or our train history."""
+    point = {"step": entry["step"]} if "step" in entry else {}
+    for ours, theirs in STEP_KEYS.items():
+        value = entry.get(ours, entry.get(theirs))
+        if value is not None:
+            point[ours] = round(float(value), 5)
+    return point
+
+
+def pipeline_steps(root: Path) -> list[dict]:
+    """Every optimizer step of our rounds (each checkpoint's train history), numbered on from round to round."""
+    from rl_assets.core.checkpoints import read_lineage
+
+    steps = []
+    for folder in sorted(p.parent for p in root.glob("data/**/r[0-9][0-9]/checkpoint/lineage.json")):
+        for entry in read_lineage(folder).get("history", []):
+            steps.append(step_point(entry) | {"step": len(steps) + 1})
+    return steps
+
+
 def time_to_target(curve: list[dict], target: float) -> float | None:
     return next((r["elapsed_s"] for r in curve if r["round"] > 0 and r["sampled_accuracy"] >= target - 1e-9), None)
 
@@ -159,7 +184,7 @@ def grpo_config(params, prompts_per_round: int, max_rounds: int, output_dir: str
     steps_per_round = completions // train.minibatch_size * train.epochs
     return GRPOConfig(
         output_dir=output_dir, seed=params.seed, use_cpu=use_cpu, bf16=precision == "bf16", fp16=precision == "fp16", report_to="none", save_strategy="no",
-        disable_tqdm=True, logging_steps=steps_per_round, dataloader_num_workers=0,
+        disable_tqdm=True, logging_steps=1, dataloader_num_workers=0,  # every step's grad_norm and clip ratios, beside ours
         num_generations=G, temperature=params.rollouts.temperature, top_p=params.rollouts.top_p, top_k=0,
         max_completion_length=params.rollouts.max_new_tokens,
         per_device_train_batch_size=micro, gradient_accumulation_steps=train.gradient_accumulation_steps,
@@ -247,6 +272,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     Path(args.out).write_text(json.dumps({
         "curve": callback.curve, "eval_s_excluded": round(callback.eval_s, 1), "setup_s": round(ready - args.t0, 1),
         "steps_per_round": steps_per_round, "prompts_per_round": prompts_per_round, "trl_version": trl.__version__, "device": device,
+        "steps": [step_point(entry) for entry in trainer.state.log_history if "grad_norm" in entry],
         "config": {k: getattr(config, k) for k in ("num_generations", "generation_batch_size", "steps_per_generation", "per_device_train_batch_size",
                                                    "gradient_accumulation_steps", "num_iterations", "learning_rate", "lr_scheduler_type", "loss_type",
                                                    "scale_rewards", "epsilon", "epsilon_high", "beta", "temperature", "top_p", "top_k",
@@ -367,10 +393,10 @@ def compare(args: argparse.Namespace, overrides: list[str], full: bool) -> dict:
             "evaluation": ours["eval"],
             "rl_assets": {"time_to_target_s": ours_t, **ours_r, "later_rounds_without_evaluation_s": ours_bare["later_rounds_s"],
                           "pipeline_process": pipeline_run,
-                          "curve": ours["curve"]},
+                          "curve": ours["curve"], "steps": pipeline_steps(root)},
             "trl": {"time_to_target_s": theirs_t, **theirs_r, "trl_process": trl_run,
                     **{k: theirs[k] for k in ("setup_s", "eval_s_excluded", "steps_per_round", "trl_version", "device", "config")},
-                    "curve": theirs["curve"]},
+                    "curve": theirs["curve"], "steps": theirs.get("steps", [])},
             "same_r00_accuracy": ours["curve"][0]["sampled_accuracy"] == theirs["curve"][0]["sampled_accuracy"],
             "ratio_time_to_target_rl_assets_over_trl": round(ours_t / theirs_t, 2) if ours_t and theirs_t else None,
             "ratio_later_rounds_rl_assets_over_trl": round(ours_r["later_rounds_s"] / theirs_r["later_rounds_s"], 2)

@@ -87,9 +87,34 @@ class TinyModelParams(Section):
         return self
 
 
+class TinyVisionParams(Section):
+    image_size: int = Field(48, ge=8, description="Side of the square the embedded VLM's images are resized to, in pixels.")
+    patch_size: int = Field(8, ge=2, description="Side of a patch; each patch is one image token ((image_size / patch_size)^2 per image).")
+    hidden_size: int = Field(64, ge=8, description="Width of the SigLIP vision tower.")
+    num_layers: int = Field(2, ge=1, description="Encoder layers of the vision tower.")
+    num_heads: int = Field(4, ge=1, description="Attention heads of the vision tower.")
+
+    @model_validator(mode="after")
+    def _check_shape(self):
+        if self.image_size % self.patch_size:
+            raise ValueError(f"patch_size={self.patch_size} must divide image_size={self.image_size}")
+        if self.hidden_size % self.num_heads:
+            raise ValueError(f"num_heads={self.num_heads} must divide hidden_size={self.hidden_size}")
+        return self
+
+
 class ModelParams(Section):
     name_or_path: str = Field("tiny", min_length=1, description="'tiny' (embedded, built locally), a local HF folder or a hub id.")
     tiny: TinyModelParams = Field(default_factory=TinyModelParams, description="Shape of the embedded model when name_or_path is 'tiny'.")
+    vision: TinyVisionParams | None = Field(None, description="With name_or_path 'tiny': the embedded model reads images, a LLaVA made of the "
+                                                              "tiny Llama and a SigLIP vision tower of this shape (rl_assets.core.vision). "
+                                                              "null: text only. A hub or local VLM brings its own.")
+
+    @model_validator(mode="after")
+    def _check_vision(self):
+        if self.vision is not None and self.name_or_path != "tiny":
+            raise ValueError(f"vision shapes the embedded model only; name_or_path={self.name_or_path!r} brings its own vision tower")
+        return self
 
 
 # Keyword arguments the rewards stage already passes to reward functions; an extra column may not shadow them.

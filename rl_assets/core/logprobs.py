@@ -110,7 +110,7 @@ PLAIN_LOGITS_MAX = 2**25  # logits (rows x kept positions x vocabulary) up to wh
 
 
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
-                        temperature: float = 1.0, with_entropy: bool = False):
+                        temperature: float = 1.0, with_entropy: bool = False, vision: list | None = None):
     """Per-token log-probs of each completion given its prompt, at `temperature`.
 
     On GPUs, and wherever the logits would pass PLAIN_LOGITS_MAX values, TRL's fused LM head projects
@@ -122,18 +122,23 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     (DDP, FSDP) so gradients synchronise; run it under the step's autocast.
     Returns (logprobs, mask), both (N, T) with T the longest completion; padding has mask 0. With
     `with_entropy`, a third (N, T) tensor holds the policy's (detached) entropy at each position.
+    `vision`: each row's pixel inputs (a vision-language policy, rl_assets.core.vision), its prompt's image tokens in `prompt_ids`.
     """
+    from rl_assets.core.vision import batched
+
     device = next(model.parameters()).device
     input_ids, attention, labels = _right_padded(prompt_ids, completion_ids, pad_id, device)
+    # A VLM's forward puts the image features at its image tokens' embeddings: it takes the token ids themselves.
+    inputs = {"input_ids": input_ids, **batched(vision, model)} if vision is not None else _token_inputs(model, input_ids)
     width = input_ids.shape[1]
     keep = width - min(map(len, prompt_ids)) + 1  # the positions from the shortest prompt's last token on predict completions
     vocab = _innermost(model).config.get_text_config().vocab_size  # under DDP or FSDP: the wrapped model's
     if device.type == "cuda" or len(prompt_ids) * keep * vocab > PLAIN_LOGITS_MAX:
         use_fused_head(model, temperature)
-        out = model(**_token_inputs(model, input_ids), attention_mask=attention, labels=labels, fused_lm_head=True)
+        out = model(**inputs, attention_mask=attention, labels=labels, fused_lm_head=True)
         token_logprobs, token_entropy = out.log_probs.float(), out.entropy
     else:  # few enough logits: only those of the completion positions, no head on the prompt (TRL's CPU head scores them all)
-        logits = model(**_token_inputs(model, input_ids), attention_mask=attention, logits_to_keep=keep).logits[:, :-1].float() / temperature
+        logits = model(**inputs, attention_mask=attention, logits_to_keep=keep).logits[:, :-1].float() / temperature
         logp = torch.log_softmax(logits, dim=-1)  # (N, keep - 1, V): columns width - keep .. width - 2, each predicting the next
         targets = labels[:, width - keep + 1 :].clamp(min=0)
         token_logprobs = logits.new_zeros((len(prompt_ids), width - 1))  # the fused head's layout: column j predicts token j + 1
@@ -150,13 +155,17 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
 
 
 def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
-                  temperature: float = 1.0, max_logits: int = 2**25, masks: list[list[int]] | None = None) -> tuple[float, float]:
+                  temperature: float = 1.0, max_logits: int = 2**25, masks: list[list[int]] | None = None,
+                  vision: list | None = None) -> tuple[float, float]:
     """Exact KL(model || ref_model) summed over the vocabulary at every completion position: (sum over tokens, tokens).
 
     Rows with the same prompt length share their completion columns once right-padded, so each
     forward keeps only those logits (`logits_to_keep`), in chunks of at most `max_logits` values
     per model: memory is bounded whatever the batch, the vocabulary or the completion length.
+    `vision`: each row's pixel inputs (a vision-language policy).
     """
+    from rl_assets.core.vision import batched
+
     by_prompt_length: dict[int, list[int]] = {}
     for row, p in enumerate(prompt_ids):
         if completion_ids[row]:
@@ -171,7 +180,8 @@ def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids:
                 chunk = rows[start : start + per_chunk]
                 span = max(len(completion_ids[r]) for r in chunk)  # this chunk's: right padding ends at its own longest row
                 input_ids, attention, _ = _right_padded([prompt_ids[r] for r in chunk], [completion_ids[r] for r in chunk], pad_id, device)
-                logp = [torch.log_softmax(m(input_ids=input_ids, attention_mask=attention, logits_to_keep=span + 1).logits[:, :-1].float()
+                pixels = batched([vision[r] for r in chunk] if vision is not None else None, model)
+                logp = [torch.log_softmax(m(input_ids=input_ids, attention_mask=attention, logits_to_keep=span + 1, **pixels).logits[:, :-1].float()
                                           / temperature, dim=-1) for m in (model, ref_model)]
                 per_position = (logp[0].exp() * (logp[0] - logp[1])).sum(dim=-1)  # (n, span)
                 mask = torch.tensor([(masks[r] if masks is not None else [1.0] * len(completion_ids[r])) + [0.0] * (span - len(completion_ids[r]))

@@ -1,4 +1,5 @@
-"""The policy model: the embedded tiny Llama (its character-level tokenizer is in tokenizer.py), or any HF causal LM.
+"""The policy model: the embedded tiny Llama (its character-level tokenizer is in tokenizer.py), or any HF causal LM;
+with `model.vision`, the embedded tiny VLM, or any HF image-text-to-text model (rl_assets.core.vision).
 
 `tiny` needs no download: the tokenizer's vocabulary is fixed and the weights are initialised
 from the seed, so every machine builds the same base model.
@@ -16,7 +17,7 @@ from rl_assets.core.tokenizer import load_tokenizer
 
 
 def build_tiny_model(params: ModelParams, tokenizer: PreTrainedTokenizerFast, seed: int) -> LlamaForCausalLM:
-    """The embedded Llama-style policy (~1M parameters at the default shape)."""
+    """The embedded Llama-style policy (~1M parameters at the default shape); with `params.vision`, that Llama in a LLaVA."""
     shape = params.tiny
     config = LlamaConfig(
         vocab_size=len(tokenizer),
@@ -31,8 +32,23 @@ def build_tiny_model(params: ModelParams, tokenizer: PreTrainedTokenizerFast, se
         pad_token_id=tokenizer.pad_token_id,
         tie_word_embeddings=True,
     )
+    if params.vision is not None:
+        from rl_assets.core.vision import build_tiny_vlm
+
+        return build_tiny_vlm(config, params.vision, tokenizer.convert_tokens_to_ids(tokenizer.image_token), seed)
     torch.manual_seed(seed)
     return LlamaForCausalLM(config)
+
+
+def model_class(folder: str | Path):
+    """The Auto class a model folder loads with: image-text-to-text for a vision-language model, else causal LM."""
+    from rl_assets.core.vision import folder_is_vision_model
+
+    if Path(folder).is_dir() and folder_is_vision_model(folder):
+        from transformers import AutoModelForImageTextToText
+
+        return AutoModelForImageTextToText
+    return AutoModelForCausalLM
 
 
 def check_model(params: ModelParams, source: str = "params.yaml", key: str = "model") -> None:
@@ -96,7 +112,7 @@ def load_base_model(params: ModelParams, seed: int):
     tokenizer = load_tokenizer(params)
     if params.name_or_path == "tiny":
         return build_tiny_model(params, tokenizer, seed), tokenizer
-    return AutoModelForCausalLM.from_pretrained(params.name_or_path, dtype=torch.float32), tokenizer  # fp32 master weights
+    return model_class(params.name_or_path).from_pretrained(params.name_or_path, dtype=torch.float32), tokenizer  # fp32 master weights
 
 
 def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, chain: bool = False):
@@ -111,7 +127,8 @@ def load_policy(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
 
     checkpoint_intact(path)  # weights that are not those its card names (truncated, overwritten) stop here, naming the file
     adapters = (Path(path) / "adapter_config.json").is_file()  # LoRA adapters (lora.merge off): on their checked base
-    model = AutoModelForCausalLM.from_pretrained(adapter_base(path) if adapters else path, dtype=dtype)
+    folder = adapter_base(path) if adapters else path
+    model = model_class(folder).from_pretrained(folder, dtype=dtype)
     if adapters:
         model.load_adapter(str(path))
     elif chain:
@@ -177,7 +194,7 @@ def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | P
                 "device_map": {"": device}}
     adapters = (Path(path) / "adapter_config.json").is_file()
     base_folder = adapter_base(path, base_path) if adapters else str(Path(path).resolve())  # absolute, id checked
-    base = AutoModelForCausalLM.from_pretrained(base_folder, **{"dtype": dtype, **load})
+    base = model_class(base_folder).from_pretrained(base_folder, **{"dtype": dtype, **load})
     if not adapters and not lora.load_in_4bit:  # a compact parent: the float32 weights (4-bit quantizes them anyway)
         from rl_assets.core.checkpoints import load_master_weights
 

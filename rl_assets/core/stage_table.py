@@ -44,7 +44,8 @@ class Stage:
 # What every compute step runs through: the stage functions, the loaded models, the shared core and the UI text.
 _RUNNER = ("run/stages.py", "run/loaded.py", "core/config.py", "core/schemas.py", "core/storage.py", "core/paths.py",
            "core/checkpoints.py", "core/precision.py", "core/stage_table.py", "eval/reports.py")
-_POLICY = ("core/policy.py", "core/tokenizer.py", "core/import_model.py", "core/verify.py", "data/prompts.py")
+_POLICY = ("core/policy.py", "core/tokenizer.py", "core/import_model.py", "core/verify.py", "core/vision.py", "data/prompts.py",
+           "data/images.py", "data/raw_files.py")  # a VLM's images are read where they were stored (images.py names bad rows with raw_files')
 _EPISODES = ("rollout/environments.py", "rollout/episodes.py", "rollout/generation.py", "rollout/tools.py", "core/sandbox.py", "core/user_code.py")
 
 STAGE_TABLE = {
@@ -52,7 +53,7 @@ STAGE_TABLE = {
                       ("core/config.py", "core/schemas.py", "core/storage.py", "data/images.py", "data/raw_data.py", "data/raw_files.py",
                        "data/raw_generators.py"),
                       compute=False),
-    "prompts": Stage("data/prompts.py:build_prompts", ("prompts",), ("prompts", "model.name_or_path"),
+    "prompts": Stage("data/prompts.py:build_prompts", ("prompts",), ("prompts", "model.name_or_path", "model.vision"),
                      ("core/config.py", "core/schemas.py", "core/storage.py", "core/tokenizer.py", "data/prompts.py"), compute=False),
     # with sft.demonstration the rollouts' tools or environment answer the demonstrations
     "sft": Stage("run/stages.py:run_sft", ("r00/checkpoint",), ("seed", "model", "sft", *EPISODE_KEYS[:3]),

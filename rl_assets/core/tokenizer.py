@@ -14,23 +14,30 @@ from transformers import PreTrainedTokenizerFast
 from rl_assets.core.config import ModelParams
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "</s>", "<unk>"]
+IMAGE_TOKEN = "<image>"  # the embedded VLM's image placeholder (LLaVA's)
 TINY_CHARACTERS = string.digits + string.ascii_letters + " +-*/=().,:;?!#%$&'\"<>[]{}\\^_|~@\n"
 
 
-def build_tiny_tokenizer() -> PreTrainedTokenizerFast:
-    """A character-level tokenizer: one token per character, BOS prepended, no download."""
-    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(TINY_CHARACTERS)))}
+def build_tiny_tokenizer(images: bool = False) -> PreTrainedTokenizerFast:
+    """A character-level tokenizer: one token per character, BOS prepended, no download.
+
+    With `images` (the embedded VLM), one more token, IMAGE_TOKEN, stands for an image (`tokenizer.image_token`).
+    """
+    vocab = {token: index for index, token in enumerate(SPECIAL_TOKENS + list(dict.fromkeys(TINY_CHARACTERS)) + ([IMAGE_TOKEN] if images else []))}
     core = Tokenizer(models.WordLevel(vocab=vocab, unk_token="<unk>"))
     core.pre_tokenizer = pre_tokenizers.Split(pattern="", behavior="isolated")
     core.decoder = decoders.Fuse()
     core.post_processor = processors.TemplateProcessing(single="<s> $A", pair="<s> $A $B", special_tokens=[("<s>", vocab["<s>"])])
-    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>")
+    if images:  # matched whole before the split into characters
+        core.add_special_tokens([IMAGE_TOKEN])
+    return PreTrainedTokenizerFast(tokenizer_object=core, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>",
+                                   **({"extra_special_tokens": {"image_token": IMAGE_TOKEN}} if images else {}))
 
 
 def load_tokenizer(params: ModelParams):
     """The base model's tokenizer (cheap: no weights are loaded), with pad = eos where the model has no pad token."""
     if params.name_or_path == "tiny":
-        return build_tiny_tokenizer()
+        return build_tiny_tokenizer(images=params.vision is not None)
     from transformers import AutoTokenizer  # imports torch: only for a real model's tokenizer
 
     tokenizer = AutoTokenizer.from_pretrained(params.name_or_path)

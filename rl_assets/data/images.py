@@ -74,6 +74,26 @@ def stored_image(folder: Path, identifier: str) -> Path | None:
     return found[0] if found else None
 
 
+def open_images(image_ids: list[list[str]], folder: Path) -> list[list]:
+    """Each row's PIL images (RGB) from the store, each file checked against its id: a missing or changed image stops, naming it.
+
+    A prompt shows the exact bytes its id names, or nothing is sampled or trained: the tables would say otherwise.
+    """
+    from PIL import Image
+
+    opened: dict[str, object] = {}
+    for identifier in {i for ids in image_ids for i in ids}:
+        path = stored_image(folder, identifier)
+        if path is None:
+            raise FileNotFoundError(f"{folder}: image {identifier} is not stored; rerun raw_data to store the sources' images again")
+        data = path.read_bytes()
+        if image_id(data) != identifier:
+            raise ValueError(f"{path}: its bytes no longer hash to its name (edited or damaged); rerun raw_data to store it again")
+        with Image.open(io.BytesIO(data)) as image:
+            opened[identifier] = image.convert("RGB")
+    return [[opened[i] for i in ids] for ids in image_ids]
+
+
 def store_images(images: dict[str, tuple[bytes, str]], folder: Path) -> int:
     """Write each {id: (bytes, extension)} not already stored intact, each file atomically; returns how many were written.
 

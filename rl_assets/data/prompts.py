@@ -45,34 +45,44 @@ def split_of(pid: str, eval_fraction: float, sft_fraction: float) -> str:
     return "sft" if bucket < eval_fraction + sft_fraction * (1 - eval_fraction) else "rl"
 
 
-def require_text_prompts(prompts: pa.Table, model: str) -> None:
-    """Stop a model stage whose prompts show images: every policy rl-assets loads today reads text only, and a round that
-    sampled and trained on the text alone would report training on images the policy never saw.
+def require_text_prompts(prompts: pa.Table, model: str, reads_images: bool = False) -> None:
+    """Stop a model stage whose prompts show images to a policy that reads text only: a round that sampled and trained
+    on the text alone would report training on images the policy never saw.
 
     >>> require_text_prompts(pa.table({"image_ids": [["ab12"], []]}), "tiny")
     Traceback (most recent call last):
     ...
-    ValueError: 1 of 2 prompts show images, but the policy (tiny) reads text only; a vision-language policy is not supported yet (issue 28): remove the sources' image column
+    ValueError: 1 of 2 prompts show images, but the policy (tiny) reads text only: use a vision-language policy (model.vision for the embedded one, or a VLM's folder), or remove the sources' image column
+    >>> require_text_prompts(pa.table({"image_ids": [["ab12"], []]}), "tiny", reads_images=True)
     """
+    if reads_images:
+        return
     if "image_ids" in prompts.column_names and (shown := sum(1 for ids in prompts["image_ids"].to_pylist() if ids)):
-        raise ValueError(f"{shown} of {prompts.num_rows} prompts show images, but the policy ({model}) reads text only; a vision-language "
-                         "policy is not supported yet (issue 28): remove the sources' image column")
+        raise ValueError(f"{shown} of {prompts.num_rows} prompts show images, but the policy ({model}) reads text only: use a vision-language "
+                         "policy (model.vision for the embedded one, or a VLM's folder), or remove the sources' image column")
 
 
 class ChatTemplateError(ValueError):
     """prompts.chat_template is on but the policy tokenizer has no chat template."""
 
 
-def render(problem: str, params: PromptsParams, tokenizer) -> str:
-    """The prompt text for one problem: the template, then the chat template when asked for."""
+def render(problem: str, params: PromptsParams, tokenizer, images: int = 0) -> str:
+    """The prompt text for one problem: the template, then the chat template when asked for.
+
+    A vision-language policy's tokenizer (one with an `image_token`) gets a placeholder per image before the text,
+    or, through a chat template, an image content part per image (the layout VLM chat templates take); the
+    processor expands each into the image's tokens at sampling time. A text policy gets the text alone.
+    """
     text = params.template.replace("{prompt}", problem)
+    placeholder = getattr(tokenizer, "image_token", None) if images else None
     if params.chat_template is False:
-        return text
+        return placeholder * images + text if placeholder else text
     custom = params.chat_template if isinstance(params.chat_template, str) else None
     if custom is None and not getattr(tokenizer, "chat_template", None):
         raise ChatTemplateError(f"prompts.chat_template: the policy tokenizer ({type(tokenizer).__name__}) has no chat template; "
                                 "set chat_template to a Jinja template string, or to false")
-    return tokenizer.apply_chat_template([{"role": "user", "content": text}], chat_template=custom, tokenize=False, add_generation_prompt=True)
+    content = [{"type": "image"}] * images + [{"type": "text", "text": text}] if placeholder else text
+    return tokenizer.apply_chat_template([{"role": "user", "content": content}], chat_template=custom, tokenize=False, add_generation_prompt=True)
 
 
 def encode_prompts(tokenizer, texts: list[str]) -> list[list[int]]:
@@ -128,7 +138,7 @@ def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.T
             dropped["duplicates"] += 1
             continue
         seen.add(pid)
-        rows.append({"prompt_id": pid, "prompt": render(record["prompt"], params, tokenizer), "problem": record["prompt"], "answer": record["answer"],
+        rows.append({"prompt_id": pid, "prompt": render(record["prompt"], params, tokenizer, len(image_ids)), "problem": record["prompt"], "answer": record["answer"],
                      "split": split_of(pid, params.eval_fraction, params.sft_fraction),
                      "image_ids": image_ids, **{k: record[k] for k in ("source", "source_hash", "source_row", "extra")}})
     lengths = [len(ids) for ids in encode_prompts(tokenizer, [r["prompt"] for r in rows])]  # what generation will feed

@@ -64,8 +64,10 @@ def pass_at_k(correct: list[bool], samples: int) -> float:
 
 
 def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: EvaluationParams, seed: int, rewards: RewardsParams,
-                        autocast=None, rollouts: RolloutsParams | None = None) -> list[dict]:
+                        autocast=None, rollouts: RolloutsParams | None = None, images_dir=None, processor=None) -> list[dict]:
     """Two rows, greedy and sampled: accuracy, mean total reward and pass@k of the checkpoint's completions.
+
+    A vision-language policy (its `processor` given) sees each prompt's images, read from `images_dir`.
 
     With tools or an environment (`rollouts.episodes`) each completion is an episode in that environment, with the
     rollouts' turn and token limits, and the rows add the share of episodes that called a tool.
@@ -74,13 +76,19 @@ def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: Evaluation
     correctness = correctness_function(params, rewards)
     rows = []
     modes = ([("greedy", 1)] if params.greedy else []) + [("sampled", params.samples_per_prompt)]
+    images = None
+    if processor is not None and "image_ids" in held_out.column_names:
+        from rl_assets.data.images import open_images
+
+        images = open_images([ids or [] for ids in held_out["image_ids"].to_pylist()], images_dir)
     for mode, samples in modes:
         if rollouts is not None and rollouts.episodes is not None:
             out = _episodes(model, tokenizer, held_out, samples, rollouts, greedy=mode == "greedy", temperature=params.temperature,
                             max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast)
         else:
             out = generate(model, tokenizer, prompts, samples, greedy=mode == "greedy", temperature=params.temperature,
-                           max_new_tokens=params.max_new_tokens, batch_size=params.batch_size, seed=seed, autocast=autocast)
+                           max_new_tokens=params.max_new_tokens, batch_size=params.batch_size, seed=seed, autocast=autocast,
+                           images=images, processor=processor)
         scored = score_completions(held_out, out, samples, rewards)
         correct = [score == 1.0 for score in scored[f"score_{correctness}"].to_pylist()]
         rows.append({
@@ -163,9 +171,13 @@ def evaluated(checkpoint: Path, params, data: Path, device: str, precision: str 
     if cached.is_file():
         return json.loads(cached.read_text()), True
     held_out = eval_prompts(read_table(output_path("prompts", data), "prompts"), params.evaluation)
+    from rl_assets.core.paths import IMAGES
+    from rl_assets.core.vision import is_vision_model, load_processor
+
     model, tokenizer = load() if load is not None else load_policy(checkpoint, device, dtype=weights_dtype(precision))
+    processor = load_processor(checkpoint, tokenizer, model.config) if is_vision_model(model.config) else None
     rows = evaluate_checkpoint(model, tokenizer, held_out, params.evaluation, params.seed, params.rewards,
-                               autocast=compute_autocast(precision, device), rollouts=params.rollouts)
+                               autocast=compute_autocast(precision, device), rollouts=params.rollouts, images_dir=data / IMAGES, processor=processor)
     text = json.dumps(rows, default=list)
     with atomic_path(cached) as tmp:
         tmp.write_text(text + "\n")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
+from rl_assets.core.vision import VisionInputs, batched, encode_with_images, placeholder_ids
 from rl_assets.data.prompts import encode_prompts
 
 
@@ -24,6 +25,7 @@ class Completions:
     texts: list[str]  # decoded completion without special tokens
     truncated: list[bool]  # no end-of-sequence token within max_new_tokens
     sampler_logprobs: list[list[float]] | None = None  # the sampling engine's own log-probs (vLLM), for the mismatch correction
+    vision: list[VisionInputs] | None = None  # each row's pixel inputs (a vision-language policy), for the log-prob pass
 
 
 def eos_token_ids(model, tokenizer) -> list[int]:
@@ -37,11 +39,12 @@ def eos_token_ids(model, tokenizer) -> list[int]:
     return ids
 
 
-def sampling_config(eos_ids: list[int], pad_id: int, *, greedy: bool, temperature: float, top_p: float, max_new_tokens: int):
-    """The whole GenerationConfig of a sampling call, so nothing is inherited from the checkpoint's own."""
+def sampling_config(eos_ids: list[int], pad_id: int, *, greedy: bool, temperature: float, top_p: float, max_new_tokens: int,
+                    suppress: list[int] = ()):
+    """The whole GenerationConfig of a sampling call, so nothing is inherited from the checkpoint's own; `suppress`: ids never sampled."""
     from transformers import GenerationConfig
 
-    common = {"max_new_tokens": max_new_tokens, "eos_token_id": eos_ids, "pad_token_id": pad_id}
+    common = {"max_new_tokens": max_new_tokens, "eos_token_id": eos_ids, "pad_token_id": pad_id, "suppress_tokens": list(suppress) or None}
     if greedy:
         return GenerationConfig(do_sample=False, **common)
     return GenerationConfig(do_sample=True, temperature=temperature, top_p=top_p, top_k=0, **common)
@@ -67,20 +70,21 @@ def cut_at_eos(completion: list[int], eos_ids: set[int]) -> tuple[list[int], boo
     return completion, True
 
 
-def prefill(model, rows: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor):
+def prefill(model, rows: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor, vision: list[VisionInputs] | None = None):
     """(KV cache, (N, V) float32 logits of each row's next token) of a left-padded batch of prompts; None where the model's
     cache is not a transformers `Cache` (decode falls back to `model.generate`).
 
     G samples of a prompt are G equal rows: each run of equal rows is computed once and its cache repeated
     (`batch_select_indices`). Positions are the attention mask's cumulative sum, as generate() gives a left-padded row.
+    `vision`: each row's pixel inputs (a vision-language policy); only the prefill sees the images, decoding reads the cache.
     """
     from transformers import Cache
 
-    firsts = [i for i, ids in enumerate(rows) if i == 0 or ids != rows[i - 1]]
+    firsts = [i for i, ids in enumerate(rows) if i == 0 or ids != rows[i - 1] or (vision is not None and vision[i] is not vision[i - 1])]
     index = torch.tensor(firsts, device=input_ids.device)
     mask = attention[index]
     out = model(input_ids=input_ids[index], attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0), use_cache=True,
-                logits_to_keep=1)
+                logits_to_keep=1, **batched([vision[i] for i in firsts] if vision is not None else None, model))
     if not isinstance(out.cache, Cache):
         return None
     owner = torch.zeros(len(rows), dtype=torch.long)
@@ -122,20 +126,23 @@ def next_tokens(logits: torch.Tensor, *, greedy: bool, temperature: float = 1.0,
 
 
 def decode(model, rows: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor, *, ends: set[int], greedy: bool,
-           temperature: float, top_p: float, max_new_tokens: int) -> list[list[int]] | None:
+           temperature: float, top_p: float, max_new_tokens: int, vision: list[VisionInputs] | None = None) -> list[list[int]] | None:
     """Each row's completion of a left-padded batch, up to and including its first id in `ends`; None where `prefill` is.
 
     A row leaves the batch when it ends (its cache rows are dropped): later steps compute only the rows still going,
     where generate() would go on computing every row until the last one ends.
     """
-    start = prefill(model, rows, input_ids, attention)
+    start = prefill(model, rows, input_ids, attention, vision)
     if start is None:
         return None
     cache, logits = start
     end_ids = torch.tensor(sorted(ends), device=input_ids.device)
+    banned = placeholder_ids(model.config)  # a VLM's image tokens
     completions: list[list[int]] = [[] for _ in rows]
     going_rows, mask, positions = list(range(len(rows))), attention, attention.sum(-1)  # positions: of each row's next token
     for step in range(max_new_tokens):
+        if banned:
+            logits[:, banned] = float("-inf")
         tokens = next_tokens(logits, greedy=greedy, temperature=temperature, top_p=top_p)
         for row, token in zip(going_rows, tokens.tolist()):
             completions[row].append(token)
@@ -156,21 +163,28 @@ def decode(model, rows: list[list[int]], input_ids: torch.Tensor, attention: tor
 
 def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, greedy: bool, temperature: float = 1.0,
              top_p: float = 1.0, max_new_tokens: int = 16, batch_size: int = 256, seed: int = 0, progress: bool = False,
-             autocast=None) -> Completions:
+             autocast=None, images: list[list] | None = None, processor=None) -> Completions:
     """Sample (or greedily decode) `samples_per_prompt` completions for each prompt, in batches.
 
     Each batch is prefilled once per distinct prompt and decoded step by step (`decode`: rows that end leave the
     batch; `next_tokens` draws); a completion ends at the first of any EOS id (`eos_token_ids`). `autocast` is the
-    precision context of the forward passes (see precision.py).
+    precision context of the forward passes (see precision.py). `images`: each prompt's PIL images, which a
+    vision-language policy's `processor` turns into image tokens and pixel inputs (rl_assets.core.vision).
     """
     torch.manual_seed(seed)
     device = next(model.parameters()).device
-    encoded = encode_prompts(tokenizer, prompts)
+    vision = None
+    if images is not None:
+        encoded, vision = encode_with_images(processor, prompts, images)
+        vision = [inputs for inputs in vision for _ in range(samples_per_prompt)]  # a prompt's samples share its tensors
+    else:
+        encoded = encode_prompts(tokenizer, prompts)
     expanded = [ids for ids in encoded for _ in range(samples_per_prompt)]
     eos = eos_token_ids(model, tokenizer)
     ends = set(eos)
-    config = sampling_config(eos, tokenizer.pad_token_id, greedy=greedy, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens)
-    out = Completions([], [], [], [])
+    config = sampling_config(eos, tokenizer.pad_token_id, greedy=greedy, temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens,
+                             suppress=placeholder_ids(model.config))
+    out = Completions([], [], [], [], vision=vision)
     batches = range(0, len(expanded), batch_size)
     with plain_generation_defaults(model), autocast or contextlib.nullcontext():
         for start in tqdm(batches, desc="generate", disable=None if progress else True, leave=False):  # None: only on a terminal
@@ -181,10 +195,10 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
             with torch.no_grad():
                 rows = None if model.config.is_encoder_decoder else decode(
                     model, chunk, input_ids.to(device), attention.to(device), ends=ends, greedy=greedy, temperature=temperature, top_p=top_p,
-                    max_new_tokens=max_new_tokens)
+                    max_new_tokens=max_new_tokens, vision=vision[start : start + batch_size] if vision else None)
                 if rows is None:  # a model with a cache of its own kind
-                    rows = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device),
-                                          generation_config=config)[:, width:].tolist()
+                    rows = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
+                                          **batched(vision[start : start + batch_size] if vision else None, model))[:, width:].tolist()
             for ids, row in zip(chunk, rows):
                 completion, truncated = cut_at_eos(row, ends)
                 out.prompt_ids.append(list(ids))

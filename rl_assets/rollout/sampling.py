@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import random
+from pathlib import Path
 
 import pyarrow as pa
 import torch
@@ -15,6 +16,8 @@ import torch
 from rl_assets.core.config import RolloutsParams
 from rl_assets.core.logprobs import completion_logprobs
 from rl_assets.core.schemas import ROLLOUTS
+from rl_assets.core.vision import is_vision_model
+from rl_assets.data.images import open_images
 from rl_assets.rollout.generation import eos_token_ids, generate
 
 
@@ -29,12 +32,13 @@ def choose_prompts(prompts: pa.Table, count: int, round_number: int, seed: int) 
 
 def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams, *, round_number: int, seed: int,
                     policy_id: str, prompts_hash: str, progress: bool = True, model_path: str | None = None, autocast=None,
-                    loaded=None) -> pa.Table:
+                    loaded=None, images_dir: Path | None = None, processor=None) -> pa.Table:
     """The `ROLLOUTS` table of one round: G samples for each of B prompts from `model` (sampled by vLLM from `model_path` when chosen).
 
     The stored log-probs are recomputed by `model` in micro-batches of `logprob_batch_size` under
     `autocast`, the trainer's precision, so training's first ratio is 1 whichever engine sampled.
     With `loaded` (rl_assets.run.loaded), the vLLM engine is kept there for the next round.
+    A vision-language `model` sees each prompt's images (read from `images_dir`, turned into pixel inputs by `processor`).
     """
     from rl_assets.rollout.vllm_sampling import VllmEngine, resolve_engine
 
@@ -42,6 +46,12 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
     sample_seed = seed * 1000 + round_number
     G = params.samples_per_prompt
     device = str(next(model.parameters()).device)
+    images = None
+    if is_vision_model(model.config) and "image_ids" in chosen.column_names:
+        if params.episodes is not None or resolve_engine(params.engine, device) == "vllm":
+            raise ValueError("a vision-language policy samples with the transformers engine, one turn: rollouts.engine: transformers, "
+                             "no tools or environment (images in episodes and vLLM are not supported yet)")
+        images = open_images([ids or [] for ids in chosen["image_ids"].to_pylist()], images_dir)
     if params.episodes is not None:  # tools or an environment: multi-turn episodes (rl_assets.rollout.episodes)
         from rl_assets.rollout.environments import load_environment
         from rl_assets.rollout.episodes import sample_episodes
@@ -60,13 +70,14 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
     else:
         result = generate(model, tokenizer, chosen["prompt"].to_pylist(), G, greedy=False, temperature=params.temperature,
                           top_p=params.top_p, max_new_tokens=params.max_new_tokens, batch_size=params.batch_size,
-                          seed=sample_seed, progress=progress, autocast=autocast)
+                          seed=sample_seed, progress=progress, autocast=autocast, images=images, processor=processor)
     logprobs = []
     with torch.no_grad(), autocast or contextlib.nullcontext():
         for start in range(0, len(result.texts), params.logprob_batch_size):
             stop = start + params.logprob_batch_size
             lp, mask = completion_logprobs(model, result.prompt_ids[start:stop], result.completion_ids[start:stop],
-                                           tokenizer.pad_token_id, params.temperature)
+                                           tokenizer.pad_token_id, params.temperature,
+                                           vision=result.vision[start:stop] if getattr(result, "vision", None) else None)
             logprobs += [row[: int(m.sum())].tolist() for row, m in zip(lp.cpu(), mask.cpu())]
     n = len(result.texts)
     episodes = getattr(result, "completion_mask", None) is not None

@@ -20,7 +20,7 @@ import torch.distributed as dist
 
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage, save_checkpoint, save_master_weights
 from rl_assets.core.config import Params
-from rl_assets.core.paths import EVALUATION_METRICS, EVALUATION_PLOT, checkpoint_key, data_dir, output_path, round_prefix, train_state_dir
+from rl_assets.core.paths import EVALUATION_METRICS, EVALUATION_PLOT, IMAGES, checkpoint_key, data_dir, output_path, round_prefix, train_state_dir
 from rl_assets.core.precision import compute_autocast, resolve_mixed_precision, weights_dtype
 from rl_assets.eval.reports import accuracy_plot, episodes_markdown, gain_text, markdown_table
 from rl_assets.core.schemas import EVALUATION, ROLLOUTS, read_table, table_lineage, write_table
@@ -36,13 +36,17 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
     """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_base_model, load_policy
+    from rl_assets.core.vision import folder_is_vision_model
     from rl_assets.data.prompts import require_text_prompts
     from rl_assets.eval.promotion import warm_start_path
     from rl_assets.train.sft import warm_start
 
     prompts_path = output_path("prompts", data)
     prompts = read_table(prompts_path, "prompts")
-    require_text_prompts(prompts, params.model.name_or_path)
+    reads_images = params.model.vision is not None or folder_is_vision_model(params.model.name_or_path)
+    require_text_prompts(prompts, params.model.name_or_path, reads_images)
+    if reads_images and params.sft.enabled and "image_ids" in prompts.column_names and any(prompts["image_ids"].to_pylist()):
+        raise ValueError("sft: a warm start on prompts with images is not supported yet (issue 28); set sft.enabled: false")
     promoted = warm_start_path(params.promotion, root)
     if promoted is not None:  # the promoted model already went through SFT and RL: continue from it as is
         model, tokenizer = load_policy(promoted)
@@ -74,19 +78,22 @@ def precision(params: Params, device: str) -> str:
 def run_rollouts(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
     """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint."""
     data = data_dir(params.experiment, root)
+    from rl_assets.core.vision import folder_is_vision_model, is_vision_model, load_processor
     from rl_assets.data.prompts import require_text_prompts
     from rl_assets.rollout.sampling import sample_rollouts
 
     policy_path = output_path(checkpoint_key(round_number - 1), data)
     prompts_path = output_path("prompts", data)
     prompts = read_table(prompts_path, "prompts")
-    require_text_prompts(prompts, params.model.name_or_path)
+    require_text_prompts(prompts, params.model.name_or_path, reads_images=folder_is_vision_model(policy_path))
     mode = precision(params, device)
     model, tokenizer = loaded.policy(policy_path, device, weights_dtype(mode), chain=True)
     started = time.perf_counter()
+    processor = load_processor(policy_path, tokenizer, model.config) if is_vision_model(model.config) else None
     table = sample_rollouts(model, tokenizer, prompts, params.rollouts, round_number=round_number,
                             seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
-                            model_path=str(policy_path), autocast=compute_autocast(mode, device), loaded=loaded)
+                            model_path=str(policy_path), autocast=compute_autocast(mode, device), loaded=loaded,
+                            images_dir=data / IMAGES, processor=processor)
     elapsed = time.perf_counter() - started
     write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", data), ROLLOUTS, "rollouts",
                 lineage=stage_lineage("rollouts", params))
@@ -118,6 +125,17 @@ def run_rewards(params: Params, round_number: int, root: Path) -> dict:
     return {"path": str(path), **summarize_rewards(table, params.rollouts.samples_per_prompt)}
 
 
+def round_pixel_inputs(model, tokenizer, policy_path: Path, table: pa.Table, data: Path) -> list | None:
+    """Each row's pixel inputs for a vision-language policy whose table shows images (read from <data>/images); else None."""
+    from rl_assets.core.vision import is_vision_model, load_processor, pixel_inputs
+
+    if not is_vision_model(model.config) or "image_ids" not in table.column_names or not any(table["image_ids"].to_pylist()):
+        return None
+    from rl_assets.data.images import open_images
+
+    return pixel_inputs(load_processor(policy_path, tokenizer, model.config), open_images(table["image_ids"].to_pylist(), data / IMAGES))
+
+
 def run_train(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
     """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
     data = data_dir(params.experiment, root)
@@ -137,6 +155,9 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
                         load_trainable_policy(parent, train.lora, base, device, dtype=dtype))
     seed = params.seed * 1000 + round_number
     ref_model = optimizer_state = None
+    vision = round_pixel_inputs(model, tokenizer, parent, rollouts, data)
+    if vision is not None and train.algorithm not in ("grpo", "rloo", "reinforce_pp"):
+        raise ValueError(f"train.algorithm {train.algorithm}: a vision-language policy trains with grpo, rloo or reinforce_pp for now")
     if train.algorithm in ("dpo", "rft"):
         from rl_assets.train.preference import train_dpo, train_rft
 
@@ -170,13 +191,13 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
                 temperature=params.rollouts.temperature,
                 pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
                 state_dir=train_state_dir(round_number, data), fingerprint=state,
-                optimizer_state=carried, token_advantages=token_advantages, shard=params.compute.sharding == "fsdp")
+                optimizer_state=carried, token_advantages=token_advantages, shard=params.compute.sharding == "fsdp", vision=vision)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     from rl_assets.train.policy_gradient import reference_kl
 
     metrics["kl"] = reference_kl(model.to(device), loaded.reference(base, device), rollouts, pad_id=tokenizer.pad_token_id,
-                                 temperature=params.rollouts.temperature, rows=params.guards.kl_rows)
+                                 temperature=params.rollouts.temperature, rows=params.guards.kl_rows, vision=vision)
     metrics["kl_rows"] = min(params.guards.kl_rows, rollouts.num_rows)
     if not train.beta > 0:  # only this metric needs it: not kept through the next round's sampling and training (memory)
         loaded.drop_reference()

@@ -119,24 +119,28 @@ class TrainingBatch:
     keep: torch.Tensor  # (n,) 1.0, or 0.0 for a row left out of the loss (a truncated completion, when masked)
     tokens: torch.Tensor  # (n,) float64: the policy tokens of each kept row (the loss normalisation of dapo)
     rewards: torch.Tensor  # (N,) every row's reward, the dropped rows' included
+    vision: list | None = None  # each row's pixel inputs (a vision-language policy, rl_assets.core.vision); None: text only
 
     def __len__(self) -> int:
         return len(self.prompt_ids)
 
 
 def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, group_size: int,
-                  token_advantages: torch.Tensor | None = None) -> TrainingBatch:
+                  token_advantages: torch.Tensor | None = None, vision: list | None = None) -> TrainingBatch:
     """Tables in, tensors out: the rewards joined, the uninformative groups dropped, the advantages, masks and token counts.
 
     `token_advantages`: (N, T) per-token advantages of every row (ppo's GAE, rl_assets.train.critic.ppo_targets), used as given.
+    `vision`: every row's pixel inputs (a vision-language policy), kept for the rows trained on.
     """
     all_rewards = join_rewards(rollouts, rewards)
     table, reward = rollouts, all_rewards
+    rows = list(range(rollouts.num_rows))
     if params.algorithm == "ppo" and token_advantages is None:
         raise ValueError("train.algorithm ppo takes its advantages from the value model (ppo_targets); none were given")
     if params.drop_equal_reward_groups and token_advantages is None:  # their advantages are 0: they cost compute and dilute the loss normalisation
         informative = informative_rows(all_rewards, group_size)
         table, reward = rollouts.filter(pa.array(informative.tolist())), all_rewards[informative]
+        rows = informative.nonzero().squeeze(1).tolist()
     if token_advantages is not None:
         advantages = token_advantages
     else:
@@ -147,7 +151,8 @@ def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, gr
     return TrainingBatch(prompt_ids=table["prompt_ids"].to_pylist(), completion_ids=table["completion_ids"].to_pylist(), stored=stored,
                          sampler=table["sampler_logprobs"].to_pylist() if params.sampler_correction_cap is not None else [None] * len(stored),
                          policy=policy, advantages=advantages, keep=keep,
-                         tokens=torch.tensor([sum(m) for m in policy], dtype=torch.float64) * keep.double(), rewards=all_rewards)
+                         tokens=torch.tensor([sum(m) for m in policy], dtype=torch.float64) * keep.double(), rewards=all_rewards,
+                         vision=[vision[i] for i in rows] if vision is not None else None)
 
 
 def step_plan(rows: int, table_rows: int, minibatch_size: int, processes: int) -> tuple[int, int]:
@@ -259,7 +264,8 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
         rows = micro.tolist()
         prompts, completions = [batch.prompt_ids[i] for i in rows], [batch.completion_ids[i] for i in rows]
         with accelerator.autocast(), (accelerator.no_sync(model) if micro_index < accum - 1 else contextlib.nullcontext()):
-            logprobs, mask, entropy = completion_logprobs(model, prompts, completions, pad_id, temperature, with_entropy=True)
+            vision = [batch.vision[i] for i in rows] if batch.vision is not None else None
+            logprobs, mask, entropy = completion_logprobs(model, prompts, completions, pad_id, temperature, with_entropy=True, vision=vision)
             mask = mask * batch.keep[rows].to(mask.device)[:, None] * padded([batch.policy[i] for i in rows], mask.shape[1]).to(mask.device)
             old = padded([batch.stored[i] for i in rows], logprobs.shape[1]).to(logprobs.device)
             weights = None
@@ -270,7 +276,7 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
             ref = None
             if ref_model is not None and loss_beta(params) > 0:
                 with torch.no_grad():
-                    ref, _ = completion_logprobs(ref_model, prompts, completions, pad_id, temperature)
+                    ref, _ = completion_logprobs(ref_model, prompts, completions, pad_id, temperature, vision=vision)
             advantages = batch.advantages[rows] if batch.advantages.ndim == 1 else batch.advantages[rows][:, : logprobs.shape[1]]
             loss, metrics = policy_loss(logprobs, old, advantages.to(logprobs.device), mask, loss_type=params.loss_type,
                                         epsilon=params.epsilon, epsilon_high=params.epsilon_high, ref_logprobs=ref, beta=loss_beta(params),
@@ -289,13 +295,14 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
 def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, group_size: int, temperature: float,
                       pad_id: int, seed: int, max_new_tokens: int, device: str = "cpu", ref_model=None,
                       state_dir: Path | None = None, fingerprint: dict | None = None, optimizer_state: dict | None = None,
-                      token_advantages: torch.Tensor | None = None, progress: bool = True, shard: bool = False):
+                      token_advantages: torch.Tensor | None = None, progress: bool = True, shard: bool = False, vision: list | None = None):
     """Update `model` on the stored table; returns (trained model, the round's metrics, per-step history, optimizer state).
 
     `shard` (compute.sharding: fsdp, with several processes): torch's FSDP2 shards the weights, gradients and moments
     (`shard_model`); the end of the round gathers them, and rank 0 returns a whole copy (the other ranks None).
 
     `token_advantages`: ppo's (N, T) GAE advantages from the value model (rl_assets.train.critic.ppo_targets).
+    `vision`: each rollout row's pixel inputs, for a vision-language policy (rl_assets.core.vision.pixel_inputs).
 
     `optimizer_state` continues the previous round's AdamW moments (train.carry_optimizer_state) instead of a fresh optimizer;
     `state_dir` and `fingerprint` are where the state is saved every `save_steps`, and which saved state a rerun may resume.
@@ -308,7 +315,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     rank, world, accum = accelerator.process_index, accelerator.num_processes, params.gradient_accumulation_steps
     if params.minibatch_size % (world * accum):
         raise ValueError(f"train.minibatch_size={params.minibatch_size} must divide evenly over {world} processes x {accum} accumulation steps")
-    batch = prepare_batch(rollouts, rewards, params, group_size, token_advantages)
+    batch = prepare_batch(rollouts, rewards, params, group_size, token_advantages, vision)
     n = len(batch)
     minibatch, steps_per_epoch = step_plan(n, rollouts.num_rows, params.minibatch_size, world * accum)
     total_steps = params.epochs * steps_per_epoch
@@ -449,7 +456,7 @@ def kl_rows(rollouts: pa.Table, count: int) -> list[int]:
     return sorted(range(len(samples)), key=lambda row: (samples[row], row))[:count]
 
 
-def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperature: float, rows: int = 64) -> float:
+def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperature: float, rows: int = 64, vision: list | None = None) -> float:
     """How far the policy has moved from the reference (r00): mean per-token KL(policy || reference).
 
     The KL is exact over the vocabulary at each completion position of `rows` of the round's stored
@@ -461,7 +468,7 @@ def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperatu
     chosen = kl_rows(rollouts, rows)
     prompt_ids, completion_ids, masks = (rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist(), policy_masks(rollouts))
     total, tokens = completion_kl(model, ref_model, [prompt_ids[r] for r in chosen], [completion_ids[r] for r in chosen], pad_id, temperature,
-                                  masks=[masks[r] for r in chosen])
+                                  masks=[masks[r] for r in chosen], vision=[vision[r] for r in chosen] if vision is not None else None)
     return total / max(tokens, 1.0)
 
 

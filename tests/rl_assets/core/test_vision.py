@@ -1,0 +1,137 @@
+"""The embedded vision-language policy: images as tokens and pixels through sampling, log-probs and a training round."""
+
+from __future__ import annotations
+
+import io
+
+import pytest
+import torch
+import yaml
+from PIL import Image
+
+from rl_assets.core.config import ModelParams, load_params
+from rl_assets.core.logprobs import completion_logprobs
+from rl_assets.core.policy import load_base_model, load_policy
+from rl_assets.core.vision import encode_with_images, folder_is_vision_model, pixel_inputs, placeholder_ids, tiny_processor
+from rl_assets.data.image_tasks import count_shapes
+from rl_assets.rollout.generation import generate
+
+SHAPE = {"tiny": {"hidden_size": 32, "num_layers": 2, "num_heads": 2, "intermediate_size": 64},
+         "vision": {"image_size": 32, "patch_size": 8, "hidden_size": 32, "num_layers": 1, "num_heads": 2}}
+
+
+@pytest.fixture(scope="module")
+def vlm():
+    model, tokenizer = load_base_model(ModelParams(name_or_path="tiny", **SHAPE), seed=0)
+    model.eval()
+    return model, tokenizer, tiny_processor(tokenizer, model.config)
+
+
+def pictures(count: int) -> tuple[list[str], list[list]]:
+    rows = count_shapes(count, seed=0)
+    return [row["prompt"] for row in rows], [[Image.open(io.BytesIO(row["image"])).convert("RGB")] for row in rows]
+
+
+def test_the_embedded_vlm_expands_its_placeholder_into_one_token_per_patch(vlm):
+    model, tokenizer, processor = vlm
+    texts, images = pictures(2)
+    ids, vision = encode_with_images(processor, [tokenizer.image_token + texts[0], texts[1]], [images[0], []])
+    image_token = tokenizer.convert_tokens_to_ids(tokenizer.image_token)
+    assert model.config.image_token_id == image_token and placeholder_ids(model.config) == [image_token]
+    assert ids[0].count(image_token) == (32 // 8) ** 2 and ids[0][0] == tokenizer.bos_token_id and ids[0][1] == image_token
+    assert image_token not in ids[1] and vision[1] == {}
+    assert vision[0]["pixel_values"].shape == (1, 3, 32, 32)
+    # training reads the stored ids and makes the pixels again: the same tensors
+    assert torch.equal(pixel_inputs(processor, [images[0]])[0]["pixel_values"], vision[0]["pixel_values"])
+
+
+def test_sampling_sees_the_image_and_the_stored_logprobs_are_the_models(vlm):
+    model, tokenizer, processor = vlm
+    texts, images = pictures(3)
+    prompts = [tokenizer.image_token + text for text in texts]
+    out = generate(model, tokenizer, prompts, 2, greedy=False, temperature=1.0, max_new_tokens=6, batch_size=4, seed=0,
+                   images=images, processor=processor)
+    assert len(out.vision) == 6 and out.vision[0] is out.vision[1]  # a prompt's samples share its pixels
+    image_token = model.config.image_token_id
+    assert not any(image_token in ids for ids in out.completion_ids)  # a placeholder is never sampled
+    with torch.no_grad():
+        logprobs, mask = completion_logprobs(model, out.prompt_ids, out.completion_ids, tokenizer.pad_token_id, vision=out.vision)
+        # the first completion token's log-prob, from a plain forward of the prompt with its pixels
+        ids = torch.tensor([out.prompt_ids[0]])
+        plain = model(input_ids=ids, pixel_values=out.vision[0]["pixel_values"]).logits[0, -1].log_softmax(-1)
+        assert logprobs[0, 0].item() == pytest.approx(plain[out.completion_ids[0][0]].item(), abs=1e-5)
+        # the same tokens after another picture: other log-probs (the policy reads the pixels)
+        swapped, _ = completion_logprobs(model, out.prompt_ids, out.completion_ids, tokenizer.pad_token_id, vision=out.vision[2:4] * 3)
+    assert (swapped[:2] - logprobs[:2]).abs().max().item() > 1e-3
+    # greedy decoding with the cache equals decoding by full forwards
+    greedy = generate(model, tokenizer, prompts[:1], 1, greedy=True, max_new_tokens=5, images=images[:1], processor=processor)
+    ids = list(greedy.prompt_ids[0])
+    with torch.no_grad():
+        for _ in range(len(greedy.completion_ids[0])):
+            logits = model(input_ids=torch.tensor([ids]), pixel_values=greedy.vision[0]["pixel_values"]).logits[0, -1]
+            logits[image_token] = float("-inf")
+            ids.append(int(logits.argmax()))
+    assert ids[len(greedy.prompt_ids[0]):] == greedy.completion_ids[0]
+
+
+def test_vision_shapes_only_the_embedded_model():
+    with pytest.raises(ValueError, match="vision shapes the embedded model only"):
+        ModelParams(name_or_path="some/hub-model", vision={})
+    with pytest.raises(ValueError, match="patch_size=5 must divide image_size=32"):
+        ModelParams(vision={"image_size": 32, "patch_size": 5})
+
+
+def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(tmp_path):
+    """count_shapes through raw_data, prompts, r00 (the embedded VLM), one round and the evaluation, stage by stage."""
+    from rl_assets.core.checkpoints import read_lineage
+    from rl_assets.core.paths import IMAGES, data_dir, output_path
+    from rl_assets.core.schemas import PROMPTS, RAW_DATA, read_table, write_table
+    from rl_assets.core.tokenizer import load_tokenizer
+    from rl_assets.data.prompts import build_prompts
+    from rl_assets.data.raw_data import load_raw_data
+    from rl_assets.run.loaded import Loaded
+    from rl_assets.run.stages import run_stage
+
+    params_file = tmp_path / "params.yaml"
+    params_file.write_text(yaml.safe_dump({
+        "seed": 0, "rounds": 1, "compute": {"nproc": 1, "device": "cpu"},
+        "model": {"name_or_path": "tiny", **SHAPE},
+        "raw_data": {"sources": [{"kind": "python", "function": "rl_assets.data.image_tasks:count_shapes", "count": 40,
+                                  "columns": {"image": "image"}}]},
+        "prompts": {"eval_fraction": 0.25, "max_prompt_tokens": 96},
+        "sft": {"enabled": False},
+        "rollouts": {"prompts_per_round": 6, "samples_per_prompt": 4, "max_new_tokens": 3, "batch_size": 32},
+        "rewards": {"functions": [{"name": "arithmetic_answer", "weight": 1.0},  # a digit anywhere: rewards that differ from the first round
+                                  {"name": "format_regex", "weight": 1.0, "options": {"pattern": "[0-9]", "search": True}}]},
+        "train": {"learning_rate": 1.0e-2, "epochs": 1, "minibatch_size": 8},
+        "evaluation": {"max_prompts": 6, "samples_per_prompt": 2, "max_new_tokens": 3},
+        "guards": {"kl_max": 100.0, "entropy_min": 0.0},
+    }))
+    params = load_params(params_file)
+    data = data_dir(params.experiment, tmp_path)
+    raw, _ = load_raw_data(params.raw_data, params.seed, tmp_path, images_dir=data / IMAGES)
+    write_table(raw, output_path("raw_data", data), RAW_DATA, "raw_data")
+    prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model))
+    write_table(prompts, output_path("prompts", data), PROMPTS, "prompts")
+    assert all(p.startswith("<image>How many") for p in prompts["prompt"].to_pylist())  # one placeholder before the text
+
+    loaded = Loaded()
+    for stage, round_number in (("sft", None), ("rollouts", 1), ("rewards", 1), ("train", 1), ("evaluation", None)):
+        run_stage(stage, params, round_number, tmp_path, loaded)
+    r00, r01 = output_path("r00/checkpoint", data), output_path("r01/checkpoint", data)
+    assert folder_is_vision_model(r00) and folder_is_vision_model(r01)
+    rollouts = read_table(output_path("r01/rollouts", data), "rollouts")
+    shown = rollouts["image_ids"].to_pylist()
+    assert all(len(ids) == 1 for ids in shown)
+    image_token = load_policy(r00)[0].config.image_token_id
+    assert all(ids.count(image_token) == 16 for ids in rollouts["prompt_ids"].to_pylist())
+    metrics = read_lineage(r01)["metrics"]
+    assert metrics["steps"] == 3 and metrics["grad_norm"] > 0 and metrics["equal_reward_group_share"] < 1
+    # training recomputed the stored log-probs with the same pixels: the first step's ratio is 1
+    assert abs(read_lineage(r01)["history"][0]["kl_old"]) < 1e-5
+    # the vision tower trained: its weights moved in the round
+    before, after = load_policy(r00)[0], load_policy(r01)[0]
+    tower = [name for name, _ in before.named_parameters() if "vision_tower" in name]
+    assert tower and any(not torch.equal(before.get_parameter(n), after.get_parameter(n)) for n in tower)
+    evaluation = read_table(data / "evaluation.parquet", "evaluation")
+    assert sorted(set(evaluation["checkpoint"].to_pylist())) == ["r00/checkpoint", "r01/checkpoint"]
