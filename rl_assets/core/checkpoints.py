@@ -27,8 +27,10 @@ def code_version() -> str:
         return f"rl-assets {__version__}"
 
 
-def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None, dtype=None) -> str:
+def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None, dtype=None, processor=None) -> str:
     """Write model, tokenizer and lineage card atomically; returns the checkpoint id.
+
+    `processor`: a vision-language policy's own (a hub VLM's), saved with its tokenizer so the next stage loads the same one.
 
     A PEFT model is saved as its adapters, or merged into full weights when `lora.merge` is set.
     Adapters name their base in adapter_config.json by absolute path, and the card's `lora_base`
@@ -52,7 +54,7 @@ def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None
             adapter_config = tmp / "adapter_config.json"
             config = {**json.loads(adapter_config.read_text()), "base_model_name_or_path": named}
             adapter_config.write_text(json.dumps(config, indent=2, sort_keys=True) + "\n")
-        tokenizer.save_pretrained(tmp)
+        (processor if processor is not None else tokenizer).save_pretrained(tmp)
         checkpoint_id = weights_hash(tmp)
         card = {"checkpoint_id": checkpoint_id, "code_version": code_version(), **lineage}
         (tmp / LINEAGE_FILE).write_text(json.dumps(card, indent=2, sort_keys=True) + "\n")

@@ -60,13 +60,18 @@ def tiny_processor(tokenizer, config):
                           vision_feature_select_strategy="full", image_token=IMAGE_TOKEN, num_additional_image_tokens=0)
 
 
-def load_processor(folder: str | Path | None, tokenizer, config):
-    """The processor of a vision-language policy: the one saved in its folder (a hub VLM's), else the embedded VLM's."""
+def saved_processor(folder: str | Path | None):
+    """The processor saved in a model folder (a hub VLM's, and every checkpoint made from one), else None."""
     if folder is not None and any((Path(folder) / name).is_file() for name in PROCESSOR_FILES):
         from transformers import AutoProcessor
 
         return AutoProcessor.from_pretrained(folder)
-    return tiny_processor(tokenizer, config)
+    return None
+
+
+def load_processor(folder: str | Path | None, tokenizer, config):
+    """The processor of a vision-language policy: the one saved in its folder (a hub VLM's), else the embedded VLM's."""
+    return saved_processor(folder) or tiny_processor(tokenizer, config)
 
 
 def placeholder_ids(config) -> list[int]:

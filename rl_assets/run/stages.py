@@ -36,7 +36,7 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
     """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_base_model, load_policy
-    from rl_assets.core.vision import folder_is_vision_model
+    from rl_assets.core.vision import folder_is_vision_model, saved_processor
     from rl_assets.data.prompts import require_text_prompts
     from rl_assets.eval.promotion import warm_start_path
     from rl_assets.train.sft import warm_start
@@ -45,16 +45,22 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
     prompts = read_table(prompts_path, "prompts")
     reads_images = params.model.vision is not None or folder_is_vision_model(params.model.name_or_path)
     require_text_prompts(prompts, params.model.name_or_path, reads_images)
-    if reads_images and params.sft.enabled and "image_ids" in prompts.column_names and any(prompts["image_ids"].to_pylist()):
-        raise ValueError("sft: a warm start on prompts with images is not supported yet (issue 28); set sft.enabled: false")
     promoted = warm_start_path(params.promotion, root)
     if promoted is not None:  # the promoted model already went through SFT and RL: continue from it as is
         model, tokenizer = load_policy(promoted)
         metrics, parent, trained_on, algorithm = {}, checkpoint_id(promoted), {}, "promoted"
     else:
         model, tokenizer = load_base_model(params.model, params.seed)
-        metrics = (warm_start(model, tokenizer, prompts, params.sft, params.seed, use_cpu=device == "cpu", episodes=params.rollouts.episodes)
-                   if params.sft.enabled else {})
+        if params.sft.enabled and reads_images and "image_ids" in prompts.column_names and any(prompts["image_ids"].to_pylist()):
+            from rl_assets.core.vision import load_processor
+            from rl_assets.train.sft import warm_start_with_images
+
+            folder = Path(params.model.name_or_path)
+            processor = load_processor(folder if folder.is_dir() else None, tokenizer, model.config)
+            metrics = warm_start_with_images(model.to(device), tokenizer, processor, prompts, params.sft, params.seed, data / IMAGES)
+        else:
+            metrics = (warm_start(model, tokenizer, prompts, params.sft, params.seed, use_cpu=device == "cpu", episodes=params.rollouts.episodes)
+                       if params.sft.enabled else {})
         parent, trained_on = params.model.name_or_path, {"prompts": file_hash(prompts_path)} if params.sft.enabled else {}
         algorithm = "sft" if params.sft.enabled else "none"
     from rl_assets.core.import_model import base_model_id
@@ -66,7 +72,7 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
     path = output_path(checkpoint_key(0), data)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
-    save_checkpoint(model, tokenizer, path, lineage)
+    save_checkpoint(model, tokenizer, path, lineage, processor=saved_processor(promoted or params.model.name_or_path))
     return {"parameters": lineage["num_parameters"], **{k: v for k, v in metrics.items() if v is not None}}
 
 
@@ -140,6 +146,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_trainable_policy
+    from rl_assets.core.vision import saved_processor
     from rl_assets.train.train_state import fingerprint, save_carried_optimizer
 
     prefix = round_prefix(round_number)
@@ -214,7 +221,8 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     compact = _compact_dtype(train, model)
     if compact is not None:  # the folder is rounded; the float32 weights the next round continues from are run state
         lineage.update(checkpoint_dtype=train.checkpoint_dtype, master_weights="float32")
-    saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), data), lineage, lora=train.lora, dtype=compact)
+    saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), data), lineage, lora=train.lora, dtype=compact,
+                               processor=saved_processor(parent))  # a hub VLM's, passed on
     if compact is not None:  # this round's and its parent's (a rerun of this round continues from the parent's)
         save_master_weights(model, saved_id, data, keep=frozenset({checkpoint_id(parent)}))
     if carries:  # a later process (or a rerun after a crash) reads it; the moments of checkpoints no longer on disk go

@@ -124,3 +124,51 @@ def warm_start(model, tokenizer, prompts: pa.Table, params: SFTParams, seed: int
     losses = [entry["loss"] for entry in trainer.state.log_history if "loss" in entry]
     return {"sft_examples": len(dataset), "sft_steps": result.global_step, "sft_loss_first": losses[0] if losses else None,
             "sft_loss_last": losses[-1] if losses else None, "sft_runtime_s": result.metrics.get("train_runtime")}
+
+
+def warm_start_with_images(model, tokenizer, processor, prompts: pa.Table, params: SFTParams, seed: int, images_dir) -> dict:
+    """Fine-tune a vision-language `model` in place on the `sft` split: each prompt with its images, then its answer.
+
+    TRL's SFTTrainer takes a VLM through a chat-format collator of its own; here the prompts are the exact token ids
+    sampling feeds (placeholders expanded by `processor`, `encode_with_images`) with their pixels, and the loss is
+    the mean negative log-likelihood of the answer tokens after them, as the text warm start's completion-only loss,
+    with its schedule: AdamW, cosine with 5% warm-up, gradients clipped at 1 (TRL's default), `max_steps` batches.
+    """
+    import time
+
+    import torch
+    from transformers import get_scheduler
+
+    from rl_assets.core.logprobs import completion_logprobs
+    from rl_assets.core.vision import encode_with_images
+    from rl_assets.data.images import open_images
+
+    train = prompts.filter(pa.compute.equal(prompts["split"], "sft"))
+    if train.num_rows == 0:
+        raise ValueError("prompts table has no 'sft' split rows; raise prompts.sft_fraction or set sft.enabled: false")
+    if params.demonstration:
+        raise ValueError("sft.demonstration: demonstration episodes with images are not supported yet; leave it empty")
+    shown = open_images([ids or [] for ids in train["image_ids"].to_pylist()], images_dir)
+    prompt_ids, vision = encode_with_images(processor, train["prompt"].to_pylist(), shown)
+    answer_ids = [ids + [tokenizer.eos_token_id] for ids in tokenizer(train["answer"].to_pylist(), add_special_tokens=False)["input_ids"]]
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=params.learning_rate, weight_decay=0.0)
+    scheduler = get_scheduler("cosine", optimizer, num_warmup_steps=max(1, params.max_steps // 20), num_training_steps=params.max_steps)
+    generator, order, losses = torch.Generator().manual_seed(seed), [], []
+    started = time.perf_counter()
+    model.train()
+    for _ in range(params.max_steps):
+        while len(order) < params.batch_size:  # epoch after epoch, each in a seeded order
+            order += torch.randperm(train.num_rows, generator=generator).tolist()
+        rows, order = order[: params.batch_size], order[params.batch_size :]
+        logprobs, mask = completion_logprobs(model, [prompt_ids[i] for i in rows], [answer_ids[i] for i in rows], tokenizer.pad_token_id,
+                                             vision=[vision[i] for i in rows])
+        loss = -(logprobs * mask).sum() / mask.sum()
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        optimizer.step()
+        scheduler.step()
+        optimizer.zero_grad(set_to_none=True)
+        losses.append(loss.item())
+    model.eval()
+    return {"sft_examples": train.num_rows, "sft_steps": params.max_steps, "sft_loss_first": losses[0], "sft_loss_last": losses[-1],
+            "sft_runtime_s": round(time.perf_counter() - started, 2)}

@@ -12,7 +12,7 @@ from PIL import Image
 from rl_assets.core.config import ModelParams, load_params
 from rl_assets.core.logprobs import completion_logprobs
 from rl_assets.core.policy import load_base_model, load_policy
-from rl_assets.core.vision import encode_with_images, folder_is_vision_model, pixel_inputs, placeholder_ids, tiny_processor
+from rl_assets.core.vision import encode_with_images, folder_is_vision_model, pixel_inputs, placeholder_ids, saved_processor, tiny_processor
 from rl_assets.data.image_tasks import count_shapes
 from rl_assets.rollout.generation import generate
 
@@ -81,8 +81,10 @@ def test_vision_shapes_only_the_embedded_model():
         ModelParams(vision={"image_size": 32, "patch_size": 5})
 
 
-def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(tmp_path):
-    """count_shapes through raw_data, prompts, r00 (the embedded VLM), one round and the evaluation, stage by stage."""
+@pytest.mark.parametrize("policy", ["embedded", "folder"])
+def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(tmp_path, policy, vlm):
+    """count_shapes through raw_data, prompts, r00, one round and the evaluation, stage by stage: the embedded VLM warm-started
+    on the images, or a VLM folder with a processor of its own (as a hub VLM comes), which every checkpoint keeps."""
     from rl_assets.core.checkpoints import read_lineage
     from rl_assets.core.paths import IMAGES, data_dir, output_path
     from rl_assets.core.schemas import PROMPTS, RAW_DATA, read_table, write_table
@@ -92,14 +94,20 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     from rl_assets.run.loaded import Loaded
     from rl_assets.run.stages import run_stage
 
+    model = {"name_or_path": "tiny", **SHAPE}
+    if policy == "folder":
+        folder = tmp_path / "my-vlm"
+        vlm[0].save_pretrained(folder)
+        vlm[2].save_pretrained(folder)  # the processor and its tokenizer
+        model = {"name_or_path": str(folder)}
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump({
         "seed": 0, "rounds": 1, "compute": {"nproc": 1, "device": "cpu"},
-        "model": {"name_or_path": "tiny", **SHAPE},
+        "model": model,
         "raw_data": {"sources": [{"kind": "python", "function": "rl_assets.data.image_tasks:count_shapes", "count": 40,
                                   "columns": {"image": "image"}}]},
-        "prompts": {"eval_fraction": 0.25, "max_prompt_tokens": 96},
-        "sft": {"enabled": False},
+        "prompts": {"eval_fraction": 0.25, "sft_fraction": 0.3, "max_prompt_tokens": 96},
+        "sft": {"enabled": policy == "embedded", "max_steps": 6, "batch_size": 4, "learning_rate": 3.0e-3},
         "rollouts": {"prompts_per_round": 6, "samples_per_prompt": 4, "max_new_tokens": 3, "batch_size": 32},
         "rewards": {"functions": [{"name": "arithmetic_answer", "weight": 1.0},  # a digit anywhere: rewards that differ from the first round
                                   {"name": "format_regex", "weight": 1.0, "options": {"pattern": "[0-9]", "search": True}}]},
@@ -120,6 +128,12 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
         run_stage(stage, params, round_number, tmp_path, loaded)
     r00, r01 = output_path("r00/checkpoint", data), output_path("r01/checkpoint", data)
     assert folder_is_vision_model(r00) and folder_is_vision_model(r01)
+    if policy == "embedded":  # the warm start read the pictures and fitted the answers
+        sft = read_lineage(r00)["metrics"]
+        assert sft["sft_steps"] == 6 and sft["sft_loss_last"] < sft["sft_loss_first"]
+        assert saved_processor(r01) is None  # made from the config and tokenizer again
+    else:
+        assert type(saved_processor(r00)) is type(saved_processor(r01)) is type(vlm[2])
     rollouts = read_table(output_path("r01/rollouts", data), "rollouts")
     shown = rollouts["image_ids"].to_pylist()
     assert all(len(ids) == 1 for ids in shown)
