@@ -3,7 +3,8 @@
     rl-assets lineage data/r02/checkpoint         walk a checkpoint back to its raw data
     rl-assets report                              the evaluation table
     rl-assets query "select round, avg(reward) from rewards group by round"   (views over every table)
-    rl-assets generate --checkpoint promoted "7*8="   sample from any checkpoint (id, rNN, folder, promoted); --values: PPO's estimates
+    rl-assets generate --checkpoint promoted "7*8="   sample from any checkpoint (id, rNN, folder, promoted); --values: PPO's estimates;
+                                                       --image FILE: what a vision-language checkpoint sees
     rl-assets rollback [--allow-other-experiment]  restore the previously promoted model of this experiment
     rl-assets track [--run-id ID]                 log the rounds, params and lineage ids to tracking.backends (rl_assets/eval/trackers.py)
     rl-assets serve [--host 127.0.0.1] [--port 8000]  /health, /metrics and OpenAI-compatible completions of the promoted model
@@ -48,6 +49,8 @@ def add_commands(commands) -> None:
     generate.add_argument("--temperature", type=float, default=0.0, help="0 decodes greedily")
     generate.add_argument("--max-new-tokens", type=int, default=16)
     generate.add_argument("--seed", type=int, default=0)
+    generate.add_argument("--image", action="append", default=[], type=Path, metavar="FILE",
+                          help="an image every prompt shows (a vision-language checkpoint); repeat for several")
     generate.add_argument("--values", action="store_true", help="ppo: each token's probability and the value model's estimate, and "
                           "the predicted reward (the round's rNN/critic, or --critic)")
     generate.add_argument("--critic", default=None, help="a value model folder for --values (default: the checkpoint's round's critic)")
@@ -111,7 +114,7 @@ def run_command(args: argparse.Namespace, *, latest_run_id: Callable[[], str | N
             critic = Path(args.critic) if args.critic else critic_of(path, data_dir(params.experiment)) if args.values else None
             print(f"# {path}" + (f" (values: {critic})" if critic else ""), file=sys.stderr)
             rendering = None if args.raw else params.prompts
-            for row in sample(path, args.prompts, args.samples, args.temperature, args.max_new_tokens, args.seed, rendering, critic):
+            for row in sample(path, args.prompts, args.samples, args.temperature, args.max_new_tokens, args.seed, rendering, critic, args.image):
                 print(json.dumps(row))
         elif args.command == "rollback":
             from rl_assets.eval.promotion import models_dir, rollback

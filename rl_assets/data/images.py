@@ -94,6 +94,31 @@ def open_images(image_ids: list[list[str]], folder: Path) -> list[list]:
     return [[opened[i] for i in ids] for ids in image_ids]
 
 
+def decoded_image(data: bytes, name: str):
+    """A PIL RGB image of an image file's bytes given outside a source (a request, a command line), checked as a source's
+    are (format, size, complete); ValueError naming it otherwise."""
+    from PIL import Image
+
+    try:
+        checked_image(data, "input", name)
+    except BadRow as error:
+        raise ValueError(str(error)) from None
+    with Image.open(io.BytesIO(data)) as image:
+        return image.convert("RGB")
+
+
+def thumbnail(image, side: int = 64) -> str:
+    """A markdown image of a PIL image shrunk to at most `side` pixels a side, inline as a PNG data URL (the Dagster UI
+    shows materialization markdown with no file server behind it)."""
+    import base64
+
+    small = image.copy()
+    small.thumbnail((side, side))
+    buffer = io.BytesIO()
+    small.save(buffer, format="PNG")
+    return f"![image](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()})"
+
+
 def store_images(images: dict[str, tuple[bytes, str]], folder: Path) -> int:
     """Write each {id: (bytes, extension)} not already stored intact, each file atomically; returns how many were written.
 

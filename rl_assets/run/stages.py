@@ -109,6 +109,14 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
                 "mean_completion_tokens": sum(lengths) / len(lengths), "truncated_share": sum(table["truncated"].to_pylist()) / table.num_rows,
                 "completion_tokens_per_second": sum(lengths) / elapsed if elapsed else 0.0,  # sampling plus the log-prob pass
                 "samples": {"type": "md", "raw_value": markdown_table(["prompt", "completion", "answer"], samples)}}
+    shown = table["image_ids"].to_pylist()[:8]
+    if any(shown):  # what the policy saw beside what it wrote: a thumbnail of each sample's images
+        from rl_assets.data.images import open_images, thumbnail
+
+        pictures = open_images(shown, data / IMAGES)
+        rows = [[" ".join(thumbnail(image) for image in images), prompt.replace("<", "&lt;"), completion, answer]  # a placeholder is no HTML tag
+                for images, (prompt, completion, answer) in zip(pictures, samples)]
+        metadata["samples"]["raw_value"] = markdown_table(["image", "prompt", "completion", "answer"], rows)
     if params.rollouts.episodes is not None:
         calls = table["tool_calls"].to_pylist()
         made = [call for episode in calls for call in episode]

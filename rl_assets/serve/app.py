@@ -72,10 +72,65 @@ class Message(BaseModel):
     role: str
     content: str | list[dict]
 
-    def text(self) -> str:
+    def parts(self) -> str | list[dict]:
+        """The content for the chat template: its text, or with images the parts in order ({"type": "image"} for each)."""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+        if not any(part.get("type") == "image_url" for part in self.content):
+            return "".join(part.get("text", "") for part in self.content if part.get("type") == "text")
+        return [{"type": "image"} if part.get("type") == "image_url" else {"type": "text", "text": part.get("text", "")}
+                for part in self.content if part.get("type") in ("text", "image_url")]
+
+    def image_urls(self) -> list[str]:
+        if isinstance(self.content, str):
+            return []
+        return [_url(part) for part in self.content if part.get("type") == "image_url"]
+
+
+def _url(part: dict) -> str:
+    value = part.get("image_url")
+    url = value.get("url") if isinstance(value, dict) else value
+    if not isinstance(url, str) or not url:
+        raise BadRequest("an image_url content part needs image_url.url (a data URL or a file under the project)")
+    return url
+
+
+MAX_IMAGE_BYTES = 20_000_000  # per image of a request
+
+
+def request_image(url: str, root: Path):
+    """The PIL image an image_url names: a base64 data URL, or a local file under the project root (file:// or a path);
+    BadRequest for anything else, a file elsewhere, more than MAX_IMAGE_BYTES or an unreadable image."""
+    import base64
+    import binascii
+
+    from rl_assets.data.images import decoded_image
+
+    if url.startswith("data:"):
+        header, _, payload = url.partition(",")
+        if not header.endswith(";base64"):
+            raise BadRequest("an image data URL must be base64 (data:image/png;base64,...)")
+        if len(payload) > MAX_IMAGE_BYTES * 4 // 3 + 4:
+            raise BadRequest(f"an image of more than {MAX_IMAGE_BYTES:,} bytes")
+        try:
+            data, name = base64.b64decode(payload, validate=True), "(data URL)"
+        except (binascii.Error, ValueError):
+            raise BadRequest("an image data URL whose payload is not base64") from None
+    elif url.startswith(("http://", "https://")):
+        raise BadRequest("image URLs on the network are not fetched: send a data URL or a file under the project")
+    else:
+        path = (root / url.removeprefix("file://")).resolve()
+        if not path.is_relative_to(root.resolve()):
+            raise BadRequest(f"image file {url}: outside the project folder")
+        if not path.is_file():
+            raise BadRequest(f"image file not found: {url}")
+        if path.stat().st_size > MAX_IMAGE_BYTES:
+            raise BadRequest(f"image file {url}: more than {MAX_IMAGE_BYTES:,} bytes")
+        data, name = path.read_bytes(), url
+    try:
+        return decoded_image(data, name)
+    except ValueError as error:
+        raise BadRequest(str(error)) from None
 
 
 class ChatRequest(_Request):
@@ -197,7 +252,13 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
 
     @app.post("/v1/chat/completions")
     async def chat(request: ChatRequest, raw: Request):
-        return await predict("/v1/chat/completions", raw, request, messages=[{"role": m.role, "content": m.text()} for m in request.messages])
+        try:
+            images = [request_image(url, root) for m in request.messages for url in m.image_urls()]
+        except BadRequest as problem:
+            count("/v1/chat/completions", 400, time.perf_counter())
+            return error(400, str(problem))
+        return await predict("/v1/chat/completions", raw, request, messages=[{"role": m.role, "content": m.parts()} for m in request.messages],
+                             images=images or None)
 
     return app
 

@@ -54,9 +54,10 @@ def critic_of(checkpoint: Path, data: Path) -> Path:
 
 
 def sample(path: Path, prompts: list[str], samples: int, temperature: float, max_new_tokens: int, seed: int,
-           rendering: PromptsParams | None = None, critic: Path | None = None) -> list[dict]:
+           rendering: PromptsParams | None = None, critic: Path | None = None, images: list[Path] = ()) -> list[dict]:
     """`samples` completions per prompt (greedy when temperature is 0), each prompt rendered as training rendered problems
     (`rendering`: the params' prompts section, its template and chat template) unless it is None (the text as given).
+    `images`: image files every prompt shows, to a vision-language policy (a placeholder each, before the text).
 
     With a value model (`critic`, PPO's rNN/critic) each row also has its tokens, each token's probability under the policy
     (at the sampling temperature) and the value model's estimate before it; `predicted_reward` is the estimate at the
@@ -67,15 +68,23 @@ def sample(path: Path, prompts: list[str], samples: int, temperature: float, max
 
     device = pick_device("auto")
     model, tokenizer = load_policy(path, device)
-    texts = [render(prompt, rendering, tokenizer) for prompt in prompts] if rendering is not None else prompts
+    shown, processor = None, None
+    if images:
+        shown, processor = policy_images(path, model, tokenizer, images)
+    if rendering is not None:
+        texts = [render(prompt, rendering, tokenizer, len(images)) for prompt in prompts]
+    else:  # as given; a VLM still needs a placeholder per image
+        texts = [prompt if not images or tokenizer.image_token in prompt else tokenizer.image_token * len(images) + prompt for prompt in prompts]
     out = generate(model, tokenizer, texts, samples, greedy=temperature == 0, temperature=temperature or 1.0,
-                   max_new_tokens=max_new_tokens, seed=seed)
+                   max_new_tokens=max_new_tokens, seed=seed, images=[shown] * len(texts) if shown else None, processor=processor)
     expanded = [p for p in prompts for _ in range(samples)]
     rows = [{"prompt": p, "completion": t, "truncated": tr} for p, t, tr in zip(expanded, out.texts, out.truncated)]
     if critic is None:
         return rows
     from rl_assets.train.critic import load_critic
 
+    if out.vision is not None:
+        raise ValueError("--values with images: a value model reads text only")
     scored = token_scores(model, tokenizer, out.prompt_ids, out.completion_ids, temperature or 1.0, load_critic(critic, device))
     for row, scores in zip(rows, scored):
         row.update(tokens=scores["tokens"], token_probabilities=[round(math.exp(lp), 4) for lp in scores["token_logprobs"]],
@@ -83,8 +92,24 @@ def sample(path: Path, prompts: list[str], samples: int, temperature: float, max
     return rows
 
 
+def policy_images(path: Path, model, tokenizer, files: list[Path]) -> tuple[list, object]:
+    """(PIL images, processor) for a vision-language checkpoint; ValueError for a text one or an unreadable file."""
+    from rl_assets.core.vision import is_vision_model, load_processor
+    from rl_assets.data.images import decoded_image
+
+    if not is_vision_model(model.config):
+        raise ValueError(f"{path}: a text policy ({type(model).__name__}) cannot read images; --image needs a vision-language checkpoint")
+    shown = []
+    for file in files:
+        try:
+            shown.append(decoded_image(Path(file).read_bytes(), str(file)))
+        except FileNotFoundError:
+            raise ValueError(f"image file not found: {file}") from None
+    return shown, load_processor(path, tokenizer, model.config)
+
+
 def token_scores(model, tokenizer, prompt_ids: list[list[int]], completion_ids: list[list[int]], temperature: float,
-                 critic=None) -> list[dict]:
+                 critic=None, vision: list | None = None) -> list[dict]:
     """Per completion: its tokens (decoded one by one), each token's log-prob under `model` at `temperature`, and with a value
     model (`critic`) its estimate before each token and `predicted_reward`, the estimate before the first (what it expects
     this policy to score from the prompt alone; None for an empty completion)."""
@@ -94,7 +119,7 @@ def token_scores(model, tokenizer, prompt_ids: list[list[int]], completion_ids: 
 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.no_grad():
-        logprobs, _ = completion_logprobs(model, prompt_ids, completion_ids, pad_id, temperature)
+        logprobs, _ = completion_logprobs(model, prompt_ids, completion_ids, pad_id, temperature, vision=vision)
         values = completion_values(critic, prompt_ids, completion_ids, pad_id)[0] if critic is not None else None
     out = []
     for i, ids in enumerate(completion_ids):

@@ -59,6 +59,7 @@ class Job:
     sampling: Sampling
     prompts: list[str] | None = None  # /v1/completions
     messages: list[dict] | None = None  # /v1/chat/completions: rendered by the worker with the model's tokenizer
+    images: list | None = None  # the chat's images (PIL), in the order of their parts, for a vision-language model
     stop: list[str] = field(default_factory=list)
     logprobs: bool = False  # each token's log-prob with each choice
     critic: Path | None = None  # and each token's value by this value model (PPO's rNN/critic)
@@ -136,10 +137,13 @@ class ModelPool:
 
 
 def render_chat(tokenizer, messages: list[dict]) -> str:
-    """The prompt text of a chat: the tokenizer's chat template, else the messages' contents one per line."""
+    """The prompt text of a chat: the tokenizer's chat template, else the messages' contents one per line (an image part as
+    the tokenizer's image placeholder)."""
     if getattr(tokenizer, "chat_template", None):
         return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    return "\n".join(message["content"] for message in messages)
+    text = lambda content: content if isinstance(content, str) else "".join(  # noqa: E731
+        getattr(tokenizer, "image_token", "") if part["type"] == "image" else part["text"] for part in content)
+    return "\n".join(text(message["content"]) for message in messages)
 
 
 def cut_at_stop(text: str, stop: list[str]) -> tuple[str, bool]:
@@ -259,6 +263,7 @@ class Batcher:
         return prompts if self.rendering is None else [render(prompt, self.rendering, tokenizer) for prompt in prompts]
 
     def _run(self, path: Path, sampling: Sampling, jobs: list[Job]) -> None:
+        from rl_assets.core.vision import is_vision_model
         from rl_assets.data.prompts import encode_prompts
         from rl_assets.rollout.generation import generate
 
@@ -275,6 +280,8 @@ class Batcher:
                 continue
             if job.texts is None:  # its first slice: check every prompt once
                 try:
+                    if job.images and not is_vision_model(model.config):
+                        raise BadRequest(f"the model {path.name} ({type(model).__name__}) reads text only; send images to a vision-language checkpoint")
                     texts = (self._rendered(_checked(job.prompts, self.max_prompt_chars), tokenizer) if job.prompts is not None
                              else [render_chat(tokenizer, job.messages)])
                     lengths = [len(ids) for ids in encode_prompts(tokenizer, _checked(texts, self.max_prompt_chars))]
@@ -293,9 +300,15 @@ class Batcher:
             return
         started = time.perf_counter()
         try:
+            images, processor = None, None
+            if any(job.images for job, _ in ready):  # a chat job is one prompt
+                from rl_assets.core.vision import load_processor
+
+                images = [list(job.images or []) for job, part in ready for _ in part]
+                processor = load_processor(path, tokenizer, model.config)
             out = generate(model, tokenizer, prompts, sampling.n, greedy=sampling.temperature == 0,
                            temperature=sampling.temperature or 1.0, top_p=sampling.top_p, max_new_tokens=sampling.max_tokens,
-                           batch_size=max(len(prompts) * sampling.n, 1), seed=sampling.seed)
+                           batch_size=max(len(prompts) * sampling.n, 1), seed=sampling.seed, images=images, processor=processor)
         except Exception as error:  # noqa: BLE001 - answered 500 to each job; the worker keeps serving
             for job, _ in ready:
                 self._finish(job, error=error)
@@ -326,8 +339,10 @@ class Batcher:
     def _scores(self, job: Job, model, tokenizer, out, rows: range, sampling: Sampling) -> list[dict]:
         """token_scores of a job's rows of the batch: log-probs at the request's temperature, values by its value model."""
         critic = self.pool.get_critic(job.critic) if job.critic is not None else None
+        if critic is not None and job.images:
+            raise BadRequest("values with images: a value model reads text only")
         return token_scores(model, tokenizer, [out.prompt_ids[r] for r in rows], [out.completion_ids[r] for r in rows],
-                            sampling.temperature or 1.0, critic)
+                            sampling.temperature or 1.0, critic, vision=[out.vision[r] for r in rows] if out.vision else None)
 
 
 def _up_to(scores: dict, chars: int) -> dict:

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import base64
 import io
+import re
 
 import pytest
 import torch
@@ -124,8 +126,13 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     assert all(p.startswith("<image>How many") for p in prompts["prompt"].to_pylist())  # one placeholder before the text
 
     loaded = Loaded()
-    for stage, round_number in (("sft", None), ("rollouts", 1), ("rewards", 1), ("train", 1), ("evaluation", None)):
-        run_stage(stage, params, round_number, tmp_path, loaded)
+    metadata = {stage: run_stage(stage, params, round_number, tmp_path, loaded)[0]
+                for stage, round_number in (("sft", None), ("rollouts", 1), ("rewards", 1), ("train", 1), ("evaluation", None))}
+    # the rollouts' materialization shows each sample's picture (an inline thumbnail) beside its prompt and completion
+    samples = metadata["rollouts"]["samples"]["raw_value"]
+    assert samples.startswith("| image | prompt | completion | answer |") and "&lt;image>How many" in samples
+    thumbnails = re.findall(r"!\[image\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", samples)
+    assert len(thumbnails) == 8 and max(Image.open(io.BytesIO(base64.b64decode(thumbnails[0]))).size) == 64
     r00, r01 = output_path("r00/checkpoint", data), output_path("r01/checkpoint", data)
     assert folder_is_vision_model(r00) and folder_is_vision_model(r01)
     if policy == "embedded":  # the warm start read the pictures and fitted the answers
