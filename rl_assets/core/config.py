@@ -387,6 +387,8 @@ class TrainParams(Section):
                                                               "left out, so a round keeps its optimizer steps and costs fewer rows; the token "
                                                               "metrics (the entropy guard's too) then cover the trained rows only.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
+    freeze_vision: bool = Field(False, description="A vision-language policy's vision encoder and projector keep their weights: only the "
+                                                   "language model trains (with LoRA, adapters on the language model alone).")
     mixed_precision: Literal["auto", "no", "bf16", "fp16", "pure_bf16"] = Field(
         "auto", description="auto: bf16 where the GPU supports it, else fp16 with loss scaling, fp32 on CPU; bf16/fp16 keep fp32 master "
                             "weights under autocast; pure_bf16: bf16 weights and updates (half the memory, small updates round away).")

@@ -168,15 +168,23 @@ def adapter_base(path: str | Path, base_path: str | Path | None = None) -> str:
                      f"at {recorded['path']}, but {now}. Retrain the adapters on the new base, or restore the old one.")
 
 
-def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32,
+                          freeze_vision: bool = False):
     """(model, tokenizer) to train from checkpoint `path`: all weights, or LoRA adapters through PEFT.
+
+    `freeze_vision` (train.freeze_vision): a vision-language policy's vision encoder and projector do not train (no adapters there).
 
     With LoRA, a parent saved as adapters (lora.merge off) keeps training the same adapters on the
     base they were trained on (r00 at `base_path`, checked by checkpoint id: `adapter_base`); a
     parent with full weights (r00, or merged) gets fresh adapters. `dtype`: fp32 master weights unless pure bf16.
     """
     if not lora.enabled:
-        return load_policy(path, device, dtype, chain=True)
+        model, tokenizer = load_policy(path, device, dtype, chain=True)
+        if freeze_vision:
+            from rl_assets.core.vision import freeze_vision as freeze
+
+            freeze(model)
+        return model, tokenizer
     from peft import LoraConfig, PeftModel, get_peft_model
 
     from rl_assets.core.verify import checkpoint_intact
@@ -206,7 +214,10 @@ def load_trainable_policy(path: str | Path, lora: LoraParams, base_path: str | P
     if adapters:
         model = PeftModel.from_pretrained(base, path, is_trainable=True)
     else:
-        config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM")
+        from rl_assets.core.vision import VISION_MODULES_PATTERN
+
+        config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout, target_modules=lora.target_modules, task_type="CAUSAL_LM",
+                            exclude_modules=VISION_MODULES_PATTERN if freeze_vision else None)
         model = get_peft_model(base, config)
     model.peft_config[model.active_adapter].base_model_name_or_path = base_folder  # what save_checkpoint records as the base
     if not lora.load_in_4bit:  # a quantized model is already placed; .to() is not allowed on it

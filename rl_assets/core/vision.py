@@ -23,6 +23,31 @@ PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
 VisionInputs = dict[str, torch.Tensor]  # one prompt's pixel inputs; {} for a prompt without images
 
 
+# Where each family keeps its vision encoder and the projector into the language model (LLaVA, Qwen2-VL, Idefics3/SmolVLM).
+VISION_MODULES = ("vision_tower", "multi_modal_projector", "visual", "vision_model", "connector")
+VISION_MODULES_PATTERN = rf"(.*\.)?({'|'.join(VISION_MODULES)})(\..*)?"  # PEFT's exclude_modules: no adapters there
+
+
+def freeze_vision(model) -> int:
+    """Stop a vision-language model's vision encoder and projector from training (train.freeze_vision); returns how many
+    parameters were frozen (0 for a text model).
+
+    >>> import torch
+    >>> class Tiny(torch.nn.Module):
+    ...     def __init__(self):
+    ...         super().__init__()
+    ...         self.vision_tower, self.language_model = torch.nn.Linear(2, 2), torch.nn.Linear(2, 2)
+    >>> freeze_vision(Tiny())
+    6
+    """
+    frozen = 0
+    for name, parameter in model.named_parameters():
+        if any(part in VISION_MODULES for part in name.split(".")):
+            parameter.requires_grad_(False)
+            frozen += parameter.numel()
+    return frozen
+
+
 def is_vision_model(config) -> bool:
     """Whether a model (its config) reads images: it has a vision tower's config."""
     return getattr(config, "vision_config", None) is not None

@@ -154,7 +154,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_trainable_policy
-    from rl_assets.core.vision import saved_processor
+    from rl_assets.core.vision import freeze_vision, saved_processor
     from rl_assets.train.train_state import fingerprint, save_carried_optimizer
 
     prefix = round_prefix(round_number)
@@ -167,7 +167,9 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     # Kept in memory after the round only when it equals what loading the saved folder gives (see loaded.py).
     keep = world == 1 and not train.lora.enabled and train.algorithm not in ("dpo", "rft")
     model, tokenizer = (loaded.take_policy(parent, device, dtype) if keep else
-                        load_trainable_policy(parent, train.lora, base, device, dtype=dtype))
+                        load_trainable_policy(parent, train.lora, base, device, dtype=dtype, freeze_vision=train.freeze_vision))
+    if keep and train.freeze_vision:
+        freeze_vision(model)
     seed = params.seed * 1000 + round_number
     ref_model = optimizer_state = None
     vision = round_pixel_inputs(model, tokenizer, parent, rollouts, data)

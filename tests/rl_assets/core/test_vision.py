@@ -83,7 +83,7 @@ def test_vision_shapes_only_the_embedded_model():
         ModelParams(vision={"image_size": 32, "patch_size": 5})
 
 
-@pytest.mark.parametrize("policy", ["embedded", "folder"])
+@pytest.mark.parametrize("policy", ["embedded", "folder", "frozen vision"])
 def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(tmp_path, policy, vlm):
     """count_shapes through raw_data, prompts, r00, one round and the evaluation, stage by stage: the embedded VLM warm-started
     on the images, or a VLM folder with a processor of its own (as a hub VLM comes), which every checkpoint keeps."""
@@ -113,7 +113,7 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
         "rollouts": {"prompts_per_round": 6, "samples_per_prompt": 4, "max_new_tokens": 3, "batch_size": 32},
         "rewards": {"functions": [{"name": "arithmetic_answer", "weight": 1.0},  # a digit anywhere: rewards that differ from the first round
                                   {"name": "format_regex", "weight": 1.0, "options": {"pattern": "[0-9]", "search": True}}]},
-        "train": {"learning_rate": 1.0e-2, "epochs": 1, "minibatch_size": 8},
+        "train": {"learning_rate": 1.0e-2, "epochs": 1, "minibatch_size": 8, "freeze_vision": policy == "frozen vision"},
         "evaluation": {"max_prompts": 6, "samples_per_prompt": 2, "max_new_tokens": 3},
         "guards": {"kl_max": 100.0, "entropy_min": 0.0},
     }))
@@ -138,9 +138,10 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     if policy == "embedded":  # the warm start read the pictures and fitted the answers
         sft = read_lineage(r00)["metrics"]
         assert sft["sft_steps"] == 6 and sft["sft_loss_last"] < sft["sft_loss_first"]
-        assert saved_processor(r01) is None  # made from the config and tokenizer again
-    else:
+    if policy == "folder":
         assert type(saved_processor(r00)) is type(saved_processor(r01)) is type(vlm[2])
+    else:
+        assert saved_processor(r01) is None  # the embedded VLM's, made from the config and tokenizer again
     rollouts = read_table(output_path("r01/rollouts", data), "rollouts")
     shown = rollouts["image_ids"].to_pylist()
     assert all(len(ids) == 1 for ids in shown)
@@ -152,7 +153,24 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     assert abs(read_lineage(r01)["history"][0]["kl_old"]) < 1e-5
     # the vision tower trained: its weights moved in the round
     before, after = load_policy(r00)[0], load_policy(r01)[0]
-    tower = [name for name, _ in before.named_parameters() if "vision_tower" in name]
-    assert tower and any(not torch.equal(before.get_parameter(n), after.get_parameter(n)) for n in tower)
+    moved = {name for name, p in before.named_parameters() if not torch.equal(p, after.get_parameter(name))}
+    tower = {name for name, _ in before.named_parameters() if "vision_tower" in name or "multi_modal_projector" in name}
+    assert tower and any(name.startswith("model.language_model.") for name in moved)
+    assert (moved & tower) if policy != "frozen vision" else not (moved & tower)  # train.freeze_vision keeps them
     evaluation = read_table(data / "evaluation.parquet", "evaluation")
     assert sorted(set(evaluation["checkpoint"].to_pylist())) == ["r00/checkpoint", "r01/checkpoint"]
+
+
+@pytest.mark.parametrize("frozen", [False, True])
+def test_lora_on_a_vlm_puts_adapters_on_the_vision_tower_unless_it_is_frozen(tmp_path, vlm, frozen):
+    from rl_assets.core.checkpoints import save_checkpoint
+    from rl_assets.core.config import LoraParams
+    from rl_assets.core.policy import load_trainable_policy
+
+    save_checkpoint(vlm[0], vlm[1], tmp_path / "r00", {"round": 0})
+    model, _ = load_trainable_policy(tmp_path / "r00", LoraParams(enabled=True, r=2), tmp_path / "r00", freeze_vision=frozen)
+    adapted = {name.split(".lora_")[0] for name, _ in model.named_parameters() if ".lora_" in name}
+    in_tower = {name for name in adapted if ".vision_tower." in name or ".multi_modal_projector." in name}
+    assert any(".language_model." in name for name in adapted)
+    assert not in_tower if frozen else in_tower
+    assert all(".lora_" in name for name, p in model.named_parameters() if p.requires_grad)
