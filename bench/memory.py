@@ -2,13 +2,15 @@
 
     .venv/bin/python bench/memory.py [--sequences 16] [--prompt-tokens 100] [--completion-tokens 256] [--vocab 151936]
                                      [--hidden 64] [--layers 2] [--heads 4] [--kv-heads 2] [--intermediate 128]
-                                     [--model DIR] [--gradient-checkpointing]
+                                     [--model DIR] [--gradient-checkpointing] [--vision [--image-size 64] [--patch-size 8]]
                                      [--group-size 4] [--threads 1] [--cases logprobs,train] [--rss-limit-gib G]
                                      [--rl-assets-from DIR] [--json PATH]
 
 The model is a randomly initialised Qwen2 (`Qwen2Config`, by default the real 151,936-token vocabulary
 and a tiny body), or with --model a real one's folder (SmolLM2-135M-Instruct from `make real-model`), fp32 on CPU; the batch is N sequences of P random prompt ids + C random completion
-ids, no padding. Two cases, each side of each case in a fresh process (`memory.py --worker CASE`) so
+ids, no padding. With --vision the model is a LLaVA (that language model and a SigLIP vision tower) and each
+sequence shows one random image: its placeholder tokens start the prompt, its pixels go with the batch in each side's
+own layout (rl-assets: per row; TRL: stacked, with num_images). Two cases, each side of each case in a fresh process (`memory.py --worker CASE`) so
 peak-RSS high-water marks never mix:
 
   logprobs  the rollouts step's log-prob pass under no_grad. rl-assets: `rollouts.completion_logprobs`
@@ -101,6 +103,13 @@ class Sampler(threading.Thread):
 # --- the shared model and batch ----------------------------------------------------------------------------------------
 
 
+IMAGE_TOKEN_ID = 3  # --vision: the image placeholder, never a random prompt or completion id
+
+
+def image_tokens(args) -> int:
+    return (args.image_size // args.patch_size) ** 2 if args.vision else 0
+
+
 def build_model(args):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
@@ -116,19 +125,42 @@ def build_model(args):
                          max_position_embeddings=max(args.prompt_tokens + args.completion_tokens, 128), tie_word_embeddings=args.tie_embeddings,
                          pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
-    model = Qwen2ForCausalLM(config).to(torch.float32)
+    if args.vision:  # a LLaVA: this language model and a SigLIP vision tower, one token per patch
+        from transformers import LlavaConfig, LlavaForConditionalGeneration, SiglipVisionConfig
+
+        tower = SiglipVisionConfig(hidden_size=args.vision_hidden, intermediate_size=4 * args.vision_hidden, num_hidden_layers=args.vision_layers,
+                                   num_attention_heads=args.heads, image_size=args.image_size, patch_size=args.patch_size)
+        config.max_position_embeddings += image_tokens(args)
+        model = LlavaForConditionalGeneration(LlavaConfig(vision_config=tower, text_config=config, image_token_id=IMAGE_TOKEN_ID,
+                                                          vision_feature_select_strategy="full", vision_feature_layer=-1,
+                                                          image_seq_length=image_tokens(args), tie_word_embeddings=args.tie_embeddings))
+    else:
+        model = Qwen2ForCausalLM(config)
+    model = model.to(torch.float32)
     model.train()
     return model
 
 
 def build_batch(args):
-    """N x P prompt ids and N x C completion ids, random, avoiding the special ids 0-2 (so nothing reads as padding)."""
+    """N x P prompt ids and N x C completion ids, random, avoiding the special ids 0-3 (so nothing reads as padding or an image);
+    with --vision each prompt starts with one image's placeholder tokens."""
     import torch
 
     generator = torch.Generator().manual_seed(1)
-    prompts = torch.randint(3, args.vocab, (args.sequences, args.prompt_tokens), generator=generator)
-    completions = torch.randint(3, args.vocab, (args.sequences, args.completion_tokens), generator=generator)
+    prompts = torch.randint(4, args.vocab, (args.sequences, args.prompt_tokens), generator=generator)
+    completions = torch.randint(4, args.vocab, (args.sequences, args.completion_tokens), generator=generator)
+    if args.vision:
+        prompts = torch.cat([torch.full((args.sequences, image_tokens(args)), IMAGE_TOKEN_ID), prompts], dim=1)
     return prompts, completions
+
+
+def build_pixels(args):
+    """(N, 3, S, S) random pixel values, one image per sequence (--vision); None without."""
+    import torch
+
+    if not args.vision:
+        return None
+    return torch.randn(args.sequences, 3, args.image_size, args.image_size, generator=torch.Generator().manual_seed(2))
 
 
 def rewards_per_sequence(args) -> list[float]:
@@ -162,6 +194,7 @@ def setup_rl_assets_logprobs(args):
     model = build_model(args)
     prompts, completions = build_batch(args)
     prompt_ids, completion_ids = prompts.tolist(), completions.tolist()
+    vision = per_row_pixels(args)
     batch = args.sequences  # TRL passes per_device_train_batch_size = N
 
     def case():
@@ -169,11 +202,18 @@ def setup_rl_assets_logprobs(args):
         with torch.no_grad():
             for start in range(0, len(prompt_ids), batch):
                 stop = start + batch
-                lp, mask = completion_logprobs(model, prompt_ids[start:stop], completion_ids[start:stop], 0, args.temperature)
+                lp, mask = completion_logprobs(model, prompt_ids[start:stop], completion_ids[start:stop], 0, args.temperature,
+                                               vision=vision[start:stop] if vision else None)
                 out += [row[: int(m.sum())].tolist() for row, m in zip(lp.cpu(), mask.cpu())]  # as sample_rollouts stores them
         return out
 
     return case
+
+
+def per_row_pixels(args) -> list | None:
+    """rl-assets' layout of the pixels: each row's inputs (rl_assets.core.vision.VisionInputs)."""
+    pixels = build_pixels(args)
+    return None if pixels is None else [{"pixel_values": pixels[i : i + 1]} for i in range(args.sequences)]
 
 
 def setup_rl_assets_train(args):
@@ -195,12 +235,13 @@ def setup_rl_assets_train(args):
     rewards = pa.table({"round": rollouts["round"], "prompt_id": rollouts["prompt_id"], "sample_idx": rollouts["sample_idx"],
                         "policy_id": rollouts["policy_id"], "reward": rewards_per_sequence(args), "reward_config_hash": ["c"] * n,
                         "rollouts_hash": ["h"] * n}, schema=rewards_schema([]))
+    vision = per_row_pixels(args)
     params = TrainParams(algorithm="grpo", loss_type="grpo", learning_rate=args.lr, epochs=1, minibatch_size=n, mixed_precision="no",
                          gradient_checkpointing=args.gradient_checkpointing, beta=0.0, save_steps=0)
 
     def case():
         _, metrics, _, _ = train_on_rollouts(model, rollouts, rewards, params, group_size=G, temperature=args.temperature, pad_id=0, seed=0,
-                                             max_new_tokens=C, device="cpu", progress=False)
+                                             max_new_tokens=C, device="cpu", progress=False, vision=vision)
         return {"loss": metrics["loss"], "grad_norm": metrics["grad_norm"], "steps": metrics["steps"]}
 
     return case
@@ -252,10 +293,16 @@ def setup_trl_logprobs(args):
     def case():
         with torch.no_grad():
             logps, _, _ = trainer._get_per_token_logps_and_entropies(trainer.model, prompt_completion_ids, attention_mask, logits_to_keep,
-                                                                     batch_size=batch_size)
+                                                                     batch_size=batch_size, **trl_pixels(args))
         return logps
 
     return case
+
+
+def trl_pixels(args) -> dict:
+    """TRL's layout of the pixels: every image's `pixel_values` stacked, and `num_images` per sequence (one each)."""
+    pixels = build_pixels(args)
+    return {} if pixels is None else {"pixel_values": pixels, "num_images": [1] * args.sequences}
 
 
 def setup_trl_train(args):
@@ -275,6 +322,7 @@ def setup_trl_train(args):
         "advantages": group_advantages(reward, args.group_size, scale="group"),
         "num_items_in_batch": completion_mask.sum(),
         "old_per_token_logps": torch.full(completion_ids.shape, old_logprob(args)),
+        **trl_pixels(args),
     }
 
     def case():
@@ -386,6 +434,12 @@ def parse(argv=None):
     shape.add_argument("--model", default=None, help="a model folder (e.g. base_models/smollm2-135m-instruct) instead of the random Qwen2; "
                        "--vocab and the body options are then read from it")
     shape.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass (both sides)")
+    shape.add_argument("--vision", action="store_true", help="a vision-language model: the random model in a LLaVA with a SigLIP tower, one "
+                       "image per sequence (its placeholder tokens before the P prompt tokens)")
+    shape.add_argument("--image-size", type=int, default=64, help="--vision: image side in pixels")
+    shape.add_argument("--patch-size", type=int, default=8, help="--vision: patch side (one image token per patch)")
+    shape.add_argument("--vision-hidden", type=int, default=128, help="--vision: the tower's width")
+    shape.add_argument("--vision-layers", type=int, default=2, help="--vision: the tower's layers")
     shape.add_argument("--group-size", type=int, default=4, help="G completions per prompt (TRL's num_generations); must divide N")
     shape.add_argument("--temperature", type=float, default=1.0)
     shape.add_argument("--lr", type=float, default=1e-6, help="AdamW learning rate (both sides)")
@@ -400,6 +454,8 @@ def parse(argv=None):
     args = parser.parse_args(argv)
     if args.sequences % args.group_size:
         parser.error(f"--group-size {args.group_size} must divide --sequences {args.sequences}")
+    if args.model and args.vision:
+        parser.error("--vision builds a random LLaVA; it does not take --model")
     if args.model:
         args.vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]  # random ids must be in range
     args.shape_args = []
@@ -429,6 +485,9 @@ def main(argv=None) -> None:
     logits_gib = N * (P + C) * V * 4 / 1024**3
     body = (f"model {args.model}" if args.model else f"Qwen2 hidden {args.hidden}, {args.layers} layers, {args.heads} heads / {args.kv_heads} KV heads, "
             f"intermediate {args.intermediate}, tied={args.tie_embeddings}")
+    if args.vision:
+        body += (f", in a LLaVA with a SigLIP tower ({args.vision_layers} layers, width {args.vision_hidden}): one {args.image_size}px image "
+                 f"per sequence, {image_tokens(args)} image tokens before the prompt")
     print(f"shape: N={N} sequences x (P={P} prompt + C={C} completion) tokens, vocab {V}, {body}, G={args.group_size}, "
           f"gradient checkpointing {args.gradient_checkpointing}, fp32 CPU, {args.threads} thread(s); full (N, P+C, V) fp32 logits = {logits_gib:.2f} GiB")
     print(f"versions: torch {torch.__version__}, transformers {transformers.__version__}, trl {trl.__version__}; "
@@ -448,7 +507,8 @@ def main(argv=None) -> None:
           f"{'process max RSS (rl/TRL) MiB':>28}  {'case s (rl/TRL)':>15}")
     summary = {"shape": {k: getattr(args, k) for k in ("sequences", "prompt_tokens", "completion_tokens", "vocab", "hidden", "layers", "heads",
                                                         "kv_heads", "intermediate", "tie_embeddings", "model", "gradient_checkpointing", "group_size",
-                                                        "temperature", "threads")},
+                                                        "temperature", "threads", "vision", "image_size", "patch_size", "vision_hidden",
+                                                        "vision_layers")},
                "full_logits_gib": round(logits_gib, 3), "rl_assets_from": str(args.rl_assets_from.resolve()), "versions": {"torch": torch.__version__, "transformers": transformers.__version__, "trl": trl.__version__},
                "target": f"rl-assets <= {TARGET}x TRL", "cases": {}}
     for case in cases:

@@ -47,3 +47,15 @@ def test_memory_bench_takes_a_real_models_folder_with_gradient_checkpointing(tmp
     assert summary["shape"]["vocab"] == json.loads((model / "config.json").read_text())["vocab_size"]  # read from the folder
     numbers = summary["cases"]["train"]
     assert numbers["rl_assets"]["peak_mib"] > 0 and numbers["trl"]["peak_mib"] > 0
+
+
+def test_memory_bench_measures_a_vision_language_model_with_images(tmp_path):
+    out = tmp_path / "memory.json"
+    done = subprocess.run([PYTHON, str(REPO / "bench" / "memory.py"), *TINY, "--vision", "--image-size", "16", "--vision-hidden", "16",
+                           "--vision-layers", "1", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
+    assert "in a LLaVA with a SigLIP tower (1 layers, width 16): one 16px image per sequence, 4 image tokens before the prompt" in done.stdout
+    summary = json.loads(out.read_text())
+    assert summary["shape"]["vision"] is True and summary["shape"]["image_size"] == 16
+    for case in ("logprobs", "train"):
+        assert summary["cases"][case]["rl_assets"]["peak_mib"] > 0 and summary["cases"][case]["trl"]["peak_mib"] > 0
