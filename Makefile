@@ -13,7 +13,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run demo agentic rlhf real test ui repro dvc-sync bench tensorboard browser sandbox slurm serve clean real-model docs
+.PHONY: setup run demo agentic rlhf real vision test ui repro dvc-sync bench tensorboard browser sandbox slurm serve clean real-model docs
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -59,6 +59,10 @@ agentic: setup
 # RLHF (examples/rlhf/params.yaml): a reward model from preference pairs, then PPO with a value model against its score.
 rlhf: setup
 	RL_ASSETS_PARAMS=examples/rlhf/params.yaml $(PY) -m pipelines run
+
+# Images (examples/vision/params.yaml): the embedded vision-language model learns to count shapes in pictures.
+vision: setup
+	RL_ASSETS_PARAMS=examples/vision/params.yaml $(PY) -m pipelines run
 
 # A real pretrained chat model (examples/smollm2/params.yaml): SmolLM2-135M-Instruct, 4 GRPO rounds, 11 minutes on a 2-core CPU.
 real: setup $(REAL_MODEL)/import.json
