@@ -510,6 +510,15 @@ class Params(Section):
         return self
 
     @model_validator(mode="after")
+    def _check_vision(self):
+        if self.model.vision is not None and self.train.algorithm not in ("grpo", "rloo", "reinforce_pp"):
+            raise ValueError(f"train.algorithm: {self.train.algorithm} does not train a vision-language policy yet (model.vision); "
+                             "use grpo, rloo or reinforce_pp")
+        if self.model.vision is not None and self.rollouts.episodes is not None:
+            raise ValueError("rollouts: tools and environments do not show a vision-language policy its images yet (model.vision)")
+        return self
+
+    @model_validator(mode="after")
     def _check_critic(self):
         if self.train.algorithm == "ppo" and self.train.ppo.critic_init == "reward_model" and self.reward_model is None:
             raise ValueError("train.ppo.critic_init: 'reward_model' starts the value model from the reward_model asset, and params have "

@@ -76,6 +76,23 @@ def test_sampling_sees_the_image_and_the_stored_logprobs_are_the_models(vlm):
     assert ids[len(greedy.prompt_ids[0]):] == greedy.completion_ids[0]
 
 
+@pytest.mark.parametrize("override, message", [
+    ("train.algorithm=dpo", "train.algorithm: dpo does not train a vision-language policy yet"),
+    ("train.algorithm=ppo", "train.algorithm: ppo does not train a vision-language policy yet"),
+    ("rollouts.tools=[calculator]", "tools and environments do not show a vision-language policy its images yet"),
+])
+def test_what_does_not_take_images_yet_is_refused_up_front(tmp_path, override, message):
+    from rl_assets.core.config import ParamsError
+
+    path = tmp_path / "params.yaml"
+    path.write_text(yaml.safe_dump({"model": {"name_or_path": "tiny", "vision": {}}, "train": {"drop_equal_reward_groups": False},
+                                    "raw_data": {"sources": [{"kind": "python", "function": "rl_assets.data.image_tasks:count_shapes",
+                                                              "count": 10, "columns": {"image": "image"}}]},
+                                    "rewards": {"functions": [{"name": "arithmetic_answer"}]}}))
+    with pytest.raises(ParamsError, match=message):
+        load_params(path, overrides=[override])
+
+
 def test_vision_shapes_only_the_embedded_model():
     with pytest.raises(ValueError, match="vision shapes the embedded model only"):
         ModelParams(name_or_path="some/hub-model", vision={})
