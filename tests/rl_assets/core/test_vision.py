@@ -191,3 +191,46 @@ def test_lora_on_a_vlm_puts_adapters_on_the_vision_tower_unless_it_is_frozen(tmp
     assert any(".language_model." in name for name in adapted)
     assert not in_tower if frozen else in_tower
     assert all(".lora_" in name for name, p in model.named_parameters() if p.requires_grad)
+
+
+def test_a_resumed_vlm_round_ends_with_the_weights_of_an_uninterrupted_one(vlm, tmp_path):
+    """sample_rollouts shows each prompt its stored picture; a round saved every 2 steps and rerun resumes to the same weights."""
+    import copy
+
+    import pyarrow as pa
+
+    from rl_assets.core.config import RolloutsParams, TrainParams
+    from rl_assets.core.schemas import PROMPTS, rewards_schema
+    from rl_assets.data.images import image_id, open_images, store_images
+    from rl_assets.rollout.sampling import sample_rollouts
+    from rl_assets.train.policy_gradient import train_on_rollouts
+    from rl_assets_support import prompts_table
+
+    model, tokenizer, processor = vlm
+    rows = count_shapes(2, seed=1)
+    ids = [image_id(row["image"]) for row in rows]
+    store_images({i: (row["image"], "png") for i, row in zip(ids, rows)}, tmp_path / "images")
+    table = prompts_table([(tokenizer.image_token + row["prompt"], row["answer"]) for row in rows])
+    prompts = pa.Table.from_pylist([{**r, "image_ids": [i]} for r, i in zip(table.to_pylist(), ids)], schema=PROMPTS)
+    rollouts = sample_rollouts(model, tokenizer, prompts, RolloutsParams(prompts_per_round=2, samples_per_prompt=2, max_new_tokens=3),
+                               round_number=1, seed=0, policy_id="p0", prompts_hash="h", progress=False, images_dir=tmp_path / "images",
+                               processor=processor)
+    assert sorted(map(tuple, rollouts["image_ids"].to_pylist())) == sorted([(i,) for i in ids for _ in range(2)])
+    vision = pixel_inputs(processor, open_images(rollouts["image_ids"].to_pylist(), tmp_path / "images"))
+    rewards = pa.table({**{k: rollouts[k] for k in ("round", "prompt_id", "sample_idx", "policy_id")}, "reward": [1.0, 0.0, 0.3, 0.9],
+                        "reward_config_hash": ["c"] * 4, "rollouts_hash": ["h"] * 4}, schema=rewards_schema([]))
+    params = TrainParams(learning_rate=1e-2, epochs=3, minibatch_size=2, save_steps=2, keep_last=2)
+    fingerprint = {"train": {}, "inputs": {}, "parent": "p0", "world_size": 1, "seed": 0}
+
+    def run(state_dir):
+        trained, metrics, history, _ = train_on_rollouts(copy.deepcopy(model), rollouts, rewards, params,
+                                                   group_size=2, temperature=1.0, pad_id=tokenizer.pad_token_id, seed=0, max_new_tokens=3,
+                                                   state_dir=state_dir, fingerprint=fingerprint, progress=False, vision=vision)
+        return trained.state_dict(), metrics, history
+
+    uninterrupted, metrics, history = run(None)
+    run(tmp_path / "state")  # leaves states at steps 2 and 4
+    resumed, resumed_metrics, _ = run(tmp_path / "state")
+    assert metrics["steps"] == 6 and resumed_metrics["resumed_from_step"] == 4
+    assert abs(history[0]["kl_old"]) < 1e-5  # the stored log-probs were the policy's with these pixels: the first ratio is 1
+    assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
