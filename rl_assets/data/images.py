@@ -107,16 +107,18 @@ def decoded_image(data: bytes, name: str):
         return image.convert("RGB")
 
 
-def thumbnail(image, side: int = 64) -> str:
-    """A markdown image of a PIL image shrunk to at most `side` pixels a side, inline as a PNG data URL (the Dagster UI
-    shows materialization markdown with no file server behind it)."""
-    import base64
+IMAGES_URL = "http://127.0.0.1:8000/images"  # where `rl-assets serve` answers for <data>/images (RL_ASSETS_IMAGES_URL overrides)
 
-    small = image.copy()
-    small.thumbnail((side, side))
-    buffer = io.BytesIO()
-    small.save(buffer, format="PNG")
-    return f"![image](data:image/png;base64,{base64.b64encode(buffer.getvalue()).decode()})"
+
+def image_markdown(folder: Path, identifier: str, base_url: str) -> str:
+    """A markdown image of a stored picture, by URL: the Dagster UI's markdown keeps http(s) image sources only (it strips
+    data: URLs), so its materializations show what `rl-assets serve` answers at `base_url`/<file>; the alt text is the id.
+
+    >>> image_markdown(Path("nowhere"), "ab" * 32, "http://127.0.0.1:8000/images")
+    '![abababababab](http://127.0.0.1:8000/images/abababababababababababababababababababababababababababababababab)'
+    """
+    path = stored_image(folder, identifier)
+    return f"![{identifier[:12]}]({base_url.rstrip('/')}/{path.name if path else identifier})"
 
 
 def store_images(images: dict[str, tuple[bytes, str]], folder: Path) -> int:

@@ -110,12 +110,12 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
                 "completion_tokens_per_second": sum(lengths) / elapsed if elapsed else 0.0,  # sampling plus the log-prob pass
                 "samples": {"type": "md", "raw_value": markdown_table(["prompt", "completion", "answer"], samples)}}
     shown = table["image_ids"].to_pylist()[:8]
-    if any(shown):  # what the policy saw beside what it wrote: a thumbnail of each sample's images
-        from rl_assets.data.images import open_images, thumbnail
+    if any(shown):  # what the policy saw beside what it wrote: each sample's pictures, as `rl-assets serve` answers for them
+        from rl_assets.data.images import IMAGES_URL, image_markdown
 
-        pictures = open_images(shown, data / IMAGES)
-        rows = [[" ".join(thumbnail(image) for image in images), prompt.replace("<", "&lt;"), completion, answer]  # a placeholder is no HTML tag
-                for images, (prompt, completion, answer) in zip(pictures, samples)]
+        base = os.environ.get("RL_ASSETS_IMAGES_URL", IMAGES_URL)
+        rows = [[" ".join(image_markdown(data / IMAGES, i, base) for i in ids), prompt.replace("<", "&lt;"), completion, answer]  # a placeholder is no HTML tag
+                for ids, (prompt, completion, answer) in zip(shown, samples)]
         metadata["samples"]["raw_value"] = markdown_table(["image", "prompt", "completion", "answer"], rows)
     if params.rollouts.episodes is not None:
         calls = table["tool_calls"].to_pylist()

@@ -11,7 +11,9 @@
                                 each prompt rendered as training rendered problems (prompts.template, the chat template
                                 when prompts.chat_template says so), so a raw question reaches a chat model as a user turn;
                                 `logprobs` gives each token's log-prob, `values` (PPO) also the value model's estimates
-    POST /v1/chat/completions   the same for chat messages (the tokenizer's chat template, else one message per line)
+    POST /v1/chat/completions   the same for chat messages (the tokenizer's chat template, else one message per line);
+                                a vision-language model's messages may carry image_url parts (data URLs, files under the project)
+    GET  /images/<sha256>.<ext> a stored picture of the experiment (what the rollouts' samples in the Dagster UI show)
 
 Responses carry the checkpoint id as `model` and its lineage under `lineage`. Concurrent requests are
 batched on one worker thread (rl_assets/serve/models.py), admitted against a token budget (400 above
@@ -26,6 +28,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 import time
 import uuid
 from pathlib import Path
@@ -33,14 +36,14 @@ from typing import Literal
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import FileResponse, JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from pydantic import BaseModel, ConfigDict, Field
 
 from rl_assets.core.config import Params
 from rl_assets.serve.health import StatusCache, health_body
 from rl_assets.run.heartbeat import running_steps, timeout_seconds
-from rl_assets.core.paths import data_dir
+from rl_assets.core.paths import IMAGES, data_dir
 from rl_assets.serve.metrics import ProjectCollector, ServerMetrics
 from rl_assets.serve.models import BadRequest, Batcher, Busy, Job, ModelPool, Sampling, UnknownModel
 
@@ -96,6 +99,7 @@ def _url(part: dict) -> str:
 
 
 MAX_IMAGE_BYTES = 20_000_000  # per image of a request
+IMAGE_TYPES = {"png": "image/png", "jpg": "image/jpeg", "webp": "image/webp", "gif": "image/gif", "bmp": "image/bmp"}
 
 
 def request_image(url: str, root: Path):
@@ -200,6 +204,14 @@ def create_app(root: Path, params: Params, *, heartbeat_timeout: float | None = 
     @app.get("/metrics")
     async def prometheus():
         return Response(await asyncio.to_thread(generate_latest, metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.get("/images/{name}")
+    async def image(name: str):
+        """A stored picture of the experiment (<data>/images), by its file name: what the Dagster UI's rollouts samples show."""
+        path = data / IMAGES / name
+        if not re.fullmatch(r"[0-9a-f]{64}\.(png|jpg|webp|gif|bmp)", name) or not path.is_file():
+            return error(404, f"no stored image {name!r}", code="image_not_found")
+        return FileResponse(path, media_type=IMAGE_TYPES[path.suffix[1:]], headers={"Cache-Control": "public, max-age=31536000, immutable"})
 
     @app.get("/v1/models")
     async def models():

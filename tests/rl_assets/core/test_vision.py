@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import base64
 import io
 import re
 
@@ -145,11 +144,11 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     loaded = Loaded()
     metadata = {stage: run_stage(stage, params, round_number, tmp_path, loaded)[0]
                 for stage, round_number in (("sft", None), ("rollouts", 1), ("rewards", 1), ("train", 1), ("evaluation", None))}
-    # the rollouts' materialization shows each sample's picture (an inline thumbnail) beside its prompt and completion
+    # the rollouts' materialization shows each sample's picture beside its prompt and completion, by the URL `rl-assets serve` answers
     samples = metadata["rollouts"]["samples"]["raw_value"]
     assert samples.startswith("| image | prompt | completion | answer |") and "&lt;image>How many" in samples
-    thumbnails = re.findall(r"!\[image\]\(data:image/png;base64,([A-Za-z0-9+/=]+)\)", samples)
-    assert len(thumbnails) == 8 and max(Image.open(io.BytesIO(base64.b64decode(thumbnails[0]))).size) == 64
+    shown = re.findall(r"!\[([0-9a-f]{12})\]\(http://127\.0\.0\.1:8000/images/([0-9a-f]{64})\.png\)", samples)
+    assert len(shown) == 8 and all(short == full[:12] and (data / "images" / f"{full}.png").is_file() for short, full in shown)
     r00, r01 = output_path("r00/checkpoint", data), output_path("r01/checkpoint", data)
     assert folder_is_vision_model(r00) and folder_is_vision_model(r01)
     if policy == "embedded":  # the warm start read the pictures and fitted the answers

@@ -105,3 +105,14 @@ def test_a_bad_image_is_a_400_naming_it(server, url, message):
 def test_an_image_to_a_text_model_is_a_400(server):
     response = chat(server, "r01", image_part(data_url(png("red"))))
     assert response.status_code == 400 and "reads text only" in response.json()["error"]["message"], response.text
+
+
+def test_stored_pictures_are_served_by_name_and_nothing_else_is(server, project):
+    from rl_assets.data.images import image_id, store_images
+
+    data = png("green")
+    store_images({image_id(data): (data, "png")}, project / "data/images")
+    response = httpx.get(f"{server}/images/{image_id(data)}.png", timeout=60)
+    assert response.status_code == 200 and response.content == data and response.headers["content-type"] == "image/png"
+    for name in (f"{image_id(data)}.jpg", "..%2Fparams.yaml", "params.yaml", f"{'0' * 64}.png"):
+        assert httpx.get(f"{server}/images/{name}", timeout=60).status_code == 404, name
