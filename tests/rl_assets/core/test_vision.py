@@ -233,3 +233,24 @@ def test_a_resumed_vlm_round_ends_with_the_weights_of_an_uninterrupted_one(vlm, 
     assert metrics["steps"] == 6 and resumed_metrics["resumed_from_step"] == 4
     assert abs(history[0]["kl_old"]) < 1e-5  # the stored log-probs were the policy's with these pixels: the first ratio is 1
     assert all(torch.equal(uninterrupted[k], resumed[k]) for k in uninterrupted)
+
+
+def test_trls_fused_head_gives_a_vlm_the_same_logprobs_as_its_plain_logits(vlm, monkeypatch):
+    """Past PLAIN_LOGITS_MAX (and on GPUs) log-probs come from TRL's fused LM head patched onto the model: with the pixels too."""
+    import copy
+
+    import rl_assets.core.logprobs as logprobs
+
+    model, tokenizer, processor = vlm
+    texts, images = pictures(2)
+    out = generate(model, tokenizer, [tokenizer.image_token + t for t in texts], 2, greedy=False, temperature=1.0, max_new_tokens=4,
+                   images=images, processor=processor)
+    with torch.no_grad():
+        plain, mask = completion_logprobs(model, out.prompt_ids, out.completion_ids, tokenizer.pad_token_id, 0.7, vision=out.vision)
+        monkeypatch.setattr(logprobs, "PLAIN_LOGITS_MAX", 0)
+        fused_model = copy.deepcopy(model)  # the fused head patches the instance
+        fused, _ = completion_logprobs(fused_model, out.prompt_ids, out.completion_ids, tokenizer.pad_token_id, 0.7, vision=out.vision)
+        swapped, _ = completion_logprobs(fused_model, out.prompt_ids, out.completion_ids, tokenizer.pad_token_id, 0.7, vision=out.vision[::-1])
+    assert getattr(fused_model, "_rl_assets_fused", None) is not None
+    assert torch.allclose(plain * mask, fused * mask, atol=1e-5)
+    assert (swapped - fused).abs().max().item() > 1e-3  # the fused pass reads the pixels as well
