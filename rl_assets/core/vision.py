@@ -6,8 +6,8 @@ prompt into the image's tokens and turns the images into pixel inputs (`pixel_va
 family adds: `image_grid_thw`, `image_sizes`, `pixel_attention_mask`).
 
 The pixel inputs of a prompt travel with its token ids as one dict (`VisionInputs`), a row of a batch
-each; `batched` joins the rows of a forward pass along the first dimension, the layout every family's
-forward takes (one image after the other, in the order their placeholders appear in the batch).
+each; `batched` joins the rows of a forward pass along the first dimension, the layout LLaVA's and Qwen2-VL's
+forwards take (one image after the other, in the order their placeholders appear in the batch; tested with LLaVA).
 """
 
 from __future__ import annotations
@@ -109,11 +109,6 @@ def placeholder_ids(config) -> list[int]:
     """
     ids = (getattr(config, name, None) for name in ("image_token_id", "image_token_index", "video_token_id"))
     return sorted({i for i in ids if isinstance(i, int)})
-
-
-def image_placeholder(tokenizer) -> str | None:
-    """The text that stands for one image in a prompt rendered without a chat template; None for a text-only tokenizer."""
-    return getattr(tokenizer, "image_token", None)
 
 
 def encode_with_images(processor, prompts: list[str], images: list[list]) -> tuple[list[list[int]], list[VisionInputs]]:
