@@ -16,7 +16,8 @@ from dagster import AssetExecutionContext, AssetsDefinition, AssetSpec, Backoff,
 from pipelines.checks import guard_specs
 from pipelines.params import ParamsResource, asset_key, written_keys
 from pipelines.steps import materialized
-from rl_assets.core.config import ComputeParams, Params
+from rl_assets.core.config import Params
+from rl_assets.core.run_params import ComputeParams
 from rl_assets.core.paths import DATA, IMAGES, checkpoint_key, data_dir, output_path
 
 

@@ -23,7 +23,8 @@ import subprocess
 import threading
 from pathlib import Path
 
-from rl_assets.core.config import Params, StorageParams
+from rl_assets.core.config import Params
+from rl_assets.core.run_params import StorageParams
 from rl_assets.core.paths import DATA, output_key
 from rl_assets.core.storage import atomic_path
 

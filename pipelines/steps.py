@@ -32,7 +32,8 @@ from pipelines.params import ParamsResource, asset_key, tag_run
 from pipelines.pipes_child import ERROR_DIR_ENV
 from pipelines.pipes_reader import message_reader
 from pipelines.warm_child import CHILD_ENV, PIPES_CHILD, take
-from rl_assets.core.config import ComputeParams, Params
+from rl_assets.core.config import Params
+from rl_assets.core.run_params import ComputeParams
 from rl_assets.core.paths import dvc_stage_name, output_key, stage_of
 from rl_assets.core.stage_table import STAGE_TABLE
 from rl_assets.core.storage import content_hash

@@ -41,8 +41,9 @@ class Stage:
     uses_rewards: bool = False  # calls the configured reward functions: their modules are its code too
 
 
+_CONFIG = ("core/config.py", "core/run_params.py", "core/sections.py")  # params.yaml's typed view: every stage reads it
 # What every compute step runs through: the stage functions, the loaded models, the shared core and the UI text.
-_RUNNER = ("run/stages.py", "run/loaded.py", "core/config.py", "core/schemas.py", "core/storage.py", "core/paths.py",
+_RUNNER = ("run/stages.py", "run/loaded.py", *_CONFIG, "core/schemas.py", "core/storage.py", "core/paths.py",
            "core/checkpoints.py", "core/precision.py", "core/stage_table.py", "eval/reports.py")
 _POLICY = ("core/policy.py", "core/tokenizer.py", "core/import_model.py", "core/verify.py", "core/vision.py", "data/prompts.py",
            "data/images.py", "data/raw_files.py")  # a VLM's images are read where they were stored (images.py names bad rows with raw_files')
@@ -50,11 +51,11 @@ _EPISODES = ("rollout/environments.py", "rollout/episodes.py", "rollout/generati
 
 STAGE_TABLE = {
     "raw_data": Stage("data/raw_data.py:load_raw_data", ("raw_data",), ("seed", "raw_data"),
-                      ("core/config.py", "core/schemas.py", "core/storage.py", "data/images.py", "data/raw_data.py", "data/raw_files.py",
+                      (*_CONFIG, "core/schemas.py", "core/storage.py", "data/images.py", "data/raw_data.py", "data/raw_files.py",
                        "data/raw_generators.py"),
                       compute=False),
     "prompts": Stage("data/prompts.py:build_prompts", ("prompts",), ("prompts", "model.name_or_path", "model.vision"),
-                     ("core/config.py", "core/schemas.py", "core/storage.py", "core/tokenizer.py", "data/prompts.py"), compute=False),
+                     (*_CONFIG, "core/schemas.py", "core/storage.py", "core/tokenizer.py", "data/prompts.py"), compute=False),
     # with sft.demonstration the rollouts' tools or environment answer the demonstrations
     "sft": Stage("run/stages.py:run_sft", ("r00/checkpoint",), ("seed", "model", "sft", *EPISODE_KEYS[:3]),
                  (*_RUNNER, *_POLICY, *_EPISODES, "train/sft.py", "eval/promotion.py", "eval/guards.py"), distributed=True),
@@ -73,7 +74,7 @@ STAGE_TABLE = {
     "evaluation": Stage("run/stages.py:run_evaluation", ("evaluation",), ("seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS),
                         (*_RUNNER, *_POLICY, *_EPISODES, "eval/evaluation.py", "eval/curves.py", "rewards/"), uses_rewards=True),
     "reward_model": Stage("train/reward_model.py:train_reward_model", ("reward_model",), ("seed", "reward_model"),
-                          ("core/config.py", "core/schemas.py", "core/storage.py", "core/checkpoints.py", "core/precision.py", *_POLICY,
+                          (*_CONFIG, "core/schemas.py", "core/storage.py", "core/checkpoints.py", "core/precision.py", *_POLICY,
                            "core/sandbox.py", "core/user_code.py", "rewards/", "train/reward_model.py", "train/sft.py")),
     # Not a DVC stage: what it writes depends on the models promoted before (a decision with a history).
     "promote": Stage("eval/promotion.py:run_promotion", ("promoted_model",), ("promotion",),
@@ -96,7 +97,7 @@ def project_code(stage: str) -> list[str]:
     has them (`rl_assets/...`, what DVC lists and hashes), or absolute when the package is installed elsewhere.
 
     >>> project_code("prompts")
-    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/config.py', 'rl_assets/core/schemas.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/data/__init__.py', 'rl_assets/data/prompts.py']
+    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/config.py', 'rl_assets/core/run_params.py', 'rl_assets/core/schemas.py', 'rl_assets/core/sections.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/data/__init__.py', 'rl_assets/data/prompts.py']
     """
     files = _expanded(STAGE_TABLE[stage].code)
     if (Path.cwd() / PACKAGE).is_dir():  # the project's own copy of the code (a run's cwd is its root)

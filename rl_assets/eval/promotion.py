@@ -29,7 +29,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from rl_assets.core.checkpoints import read_lineage
-from rl_assets.core.config import Params, PromotionParams
+from rl_assets.core.config import Params
+from rl_assets.core.run_params import PromotionParams
 from rl_assets.eval.guards import checkpoint_guards
 from rl_assets.core.paths import data_dir, output_path
 from rl_assets.core.storage import atomic_path, file_hash

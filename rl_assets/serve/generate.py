@@ -13,7 +13,8 @@ import re
 from pathlib import Path
 
 from rl_assets.core.checkpoints import LINEAGE_FILE
-from rl_assets.core.config import PromotionParams, PromptsParams
+from rl_assets.core.config import PromptsParams
+from rl_assets.core.run_params import PromotionParams
 from rl_assets.core.paths import DATA, checkpoint_key, output_path
 from rl_assets.eval.promotion import models_dir, promoted_path
 

@@ -23,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from rl_assets.core.checkpoints import read_lineage
-from rl_assets.core.config import PromotionParams
+from rl_assets.core.run_params import PromotionParams
 from rl_assets.serve.generate import critic_of, resolve_checkpoint, token_scores
 from rl_assets.eval.promotion import read_card
 

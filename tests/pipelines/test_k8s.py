@@ -8,7 +8,7 @@ import pytest
 
 from conftest import REPO, python
 from pipelines.steps import compute_command
-from rl_assets.core.config import ComputeParams
+from rl_assets.core.run_params import ComputeParams
 
 pytest.importorskip("dagster_k8s", reason="dagster-k8s is the optional [k8s] extra")
 

@@ -8,7 +8,7 @@ import yaml
 
 from conftest import REPO
 from pipelines.steps import compute_command
-from rl_assets.core.config import ComputeParams
+from rl_assets.core.run_params import ComputeParams
 from pipelines.k8s_job import job_name, manifests_text, rendezvous_endpoint, training_job_manifests
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
