@@ -431,9 +431,9 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _check_vision(self):
-        if self.model.vision is not None and self.train.algorithm not in ("grpo", "rloo", "reinforce_pp"):
-            raise ValueError(f"train.algorithm: {self.train.algorithm} does not train a vision-language policy yet (model.vision); "
-                             "use grpo, rloo or reinforce_pp")
+        if self.model.vision is not None and self.train.algorithm == "ppo" and self.train.ppo.critic_init == "reward_model":
+            raise ValueError("train.ppo.critic_init: reward_model reads text only, and the policy reads images (model.vision); "
+                             "use critic_init: policy")
         if self.model.vision is not None and self.rollouts.episodes is not None:
             raise ValueError("rollouts: tools and environments do not show a vision-language policy its images yet (model.vision)")
         return self

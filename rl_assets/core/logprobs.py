@@ -191,14 +191,17 @@ def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids:
     return total, tokens
 
 
-def completion_values(value_model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int):
+def completion_values(value_model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int, vision: list | None = None):
     """A value model's estimate at each completion token: the output at the position that chose the token.
 
     `value_model` gives one number per position (a token-classification head with one label, rl_assets.train.critic).
     The value of token t is read where its log-prob is (the position before it): the state the policy was in when it
     chose it. Returns (values, mask), both (N, T) float32 with T the longest completion; padding has mask 0.
+    `vision`: each row's pixel inputs (the value model of a vision-language policy).
     """
+    from rl_assets.core.vision import batched
+
     device = next(value_model.parameters()).device
     input_ids, attention, _ = _right_padded(prompt_ids, completion_ids, pad_id, device)
-    per_position = value_model(input_ids=input_ids, attention_mask=attention).logits[..., 0].float()  # (N, width)
+    per_position = value_model(input_ids=input_ids, attention_mask=attention, **batched(vision, value_model)).logits[..., 0].float()  # (N, width)
     return _completion_positions(per_position[:, :-1], prompt_ids, completion_ids)

@@ -139,22 +139,23 @@ def run_rewards(params: Params, round_number: int, root: Path) -> dict:
     return {"path": str(path), **summarize_rewards(table, params.rollouts.samples_per_prompt)}
 
 
-def round_pixel_inputs(model, tokenizer, policy_path: Path, table: pa.Table, data: Path) -> list | None:
-    """Each row's pixel inputs for a vision-language policy whose table shows images (read from <data>/images); else None."""
-    from rl_assets.core.vision import is_vision_model, load_processor, pixel_inputs
+def round_images(config, tokenizer, saved_processor, table: pa.Table, data: Path) -> tuple[list[list] | None, object]:
+    """(each row's PIL images, read from <data>/images, and the policy's processor: the one saved with it, else the
+    embedded VLM's) for a vision-language policy whose table shows images; else (None, None)."""
+    from rl_assets.core.vision import is_vision_model, tiny_processor
 
-    if not is_vision_model(model.config) or "image_ids" not in table.column_names or not any(table["image_ids"].to_pylist()):
-        return None
+    if not is_vision_model(config) or "image_ids" not in table.column_names or not any(table["image_ids"].to_pylist()):
+        return None, None
     from rl_assets.data.images import open_images
 
-    return pixel_inputs(load_processor(policy_path, tokenizer, model.config), open_images(table["image_ids"].to_pylist(), data / IMAGES))
+    return open_images(table["image_ids"].to_pylist(), data / IMAGES), saved_processor or tiny_processor(tokenizer, config)
 
 
 def run_train(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
     """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_trainable_policy
-    from rl_assets.core.vision import freeze_vision, saved_processor
+    from rl_assets.core.vision import freeze_vision, pixel_inputs, saved_processor
     from rl_assets.train.train_state import fingerprint, save_carried_optimizer
 
     prefix = round_prefix(round_number)
@@ -172,23 +173,23 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
         freeze_vision(model)
     seed = params.seed * 1000 + round_number
     ref_model = optimizer_state = None
-    vision = round_pixel_inputs(model, tokenizer, parent, rollouts, data)
-    if vision is not None and train.algorithm not in ("grpo", "rloo", "reinforce_pp"):
-        raise ValueError(f"train.algorithm {train.algorithm}: a vision-language policy trains with grpo, rloo or reinforce_pp for now")
+    kept_processor = saved_processor(parent)  # a hub VLM's, passed on to the checkpoint
+    images, processor = round_images(model.config, tokenizer, kept_processor, rollouts, data)
+    vision = pixel_inputs(processor, images) if images is not None else None
     if train.algorithm in ("dpo", "rft"):
         from rl_assets.train.preference import train_dpo, train_rft
 
         run = train_dpo if train.algorithm == "dpo" else train_rft
-        model, metrics = run(model, tokenizer, rollouts, rewards, train, seed=seed, use_cpu=not device.startswith("cuda"))
+        model, metrics = run(model, tokenizer, rollouts, rewards, train, seed=seed, use_cpu=not device.startswith("cuda"), images=images,
+                             processor=processor)
         history = metrics.pop("history")
     else:
-        from rl_assets.train.policy_gradient import table_group_size, train_on_rollouts
-
-        from rl_assets.train.policy_gradient import loss_beta
+        from rl_assets.train.policy_gradient import loss_beta, table_group_size, train_on_rollouts
 
         token_advantages = None
         if train.algorithm == "ppo":  # GAE's advantages from the parent value model (the critic stage trains the next one)
-            targets, critic, critic_path, _ = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id)
+            targets, critic, critic_path, _ = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id,
+                                                                vision=vision)
             token_advantages, trained_on["critic"] = targets.advantages, checkpoint_id(critic_path)
             del critic, targets
         ref_model = loaded.reference(base, device) if loss_beta(train) > 0 else None
@@ -232,7 +233,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     if compact is not None:  # the folder is rounded; the float32 weights the next round continues from are run state
         lineage.update(checkpoint_dtype=train.checkpoint_dtype, master_weights="float32")
     saved_id = save_checkpoint(model, tokenizer, output_path(checkpoint_key(round_number), data), lineage, lora=train.lora, dtype=compact,
-                               processor=saved_processor(parent))  # a hub VLM's, passed on
+                               processor=kept_processor)
     if compact is not None:  # this round's and its parent's (a rerun of this round continues from the parent's)
         save_master_weights(model, saved_id, data, keep=frozenset({checkpoint_id(parent)}))
     if carries:  # a later process (or a rerun after a crash) reads it; the moments of checkpoints no longer on disk go
@@ -264,16 +265,19 @@ def critic_parent(params: Params, round_number: int, data: Path) -> tuple[Path, 
 
 
 def ppo_round_targets(params: Params, round_number: int, data: Path, device: str, loaded: Loaded, rollouts: pa.Table, rewards: pa.Table,
-                      pad_id: int, take: bool = False):
+                      pad_id: int, take: bool = False, vision: list | None = None):
     """(targets, parent critic, its folder, how it starts): the parent value model's view of the round's table, as both PPO
     outputs read it (how it starts: `critic_parent`'s, None from a saved value model).
 
     `take`: the critic stage trains the parent in place (the train stage, which runs first in a round, only reads it).
+    `vision`: each row's pixel inputs (a vision-language policy; its value model reads them too).
     """
     from rl_assets.train.critic import ppo_targets
     from rl_assets.train.policy_gradient import join_rewards, kept_rows, policy_masks
 
     path, start = critic_parent(params, round_number, data)
+    if vision is not None and start == "reward_model":
+        raise ValueError("train.ppo.critic_init: reward_model reads text only, and the policy reads images; use critic_init: policy")
     if not path.is_dir():
         raise FileNotFoundError(f"{path}: the value model round {round_number} starts from is missing; run its round (or the reward model) first")
     lora = params.train.lora if params.train.ppo.critic_lora else None  # trainable adapters in both stages: the one loaded is trained
@@ -284,22 +288,26 @@ def ppo_round_targets(params: Params, round_number: int, data: Path, device: str
                           params.train, pad_id=pad_id, batch_size=params.rollouts.logprob_batch_size,
                           stored_logprobs=rollouts["logprobs"].to_pylist() if kl_in_reward else None,
                           ref_model=loaded.reference(output_path(checkpoint_key(0), data), device) if kl_in_reward else None,
-                          temperature=params.rollouts.temperature)
+                          temperature=params.rollouts.temperature, vision=vision)
     return targets, critic, path, start
 
 
 def run_critic(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
     """rNN/critic: the value model of PPO, its parent fitted to this round's returns (rl_assets.train.critic)."""
-    from transformers import AutoTokenizer
+    from transformers import AutoConfig, AutoTokenizer
 
+    from rl_assets.core.vision import pixel_inputs, saved_processor
     from rl_assets.train.critic import CRITIC_KIND, train_critic
 
     data, prefix = data_dir(params.experiment, root), round_prefix(round_number)
     rollouts_path, rewards_path = output_path(f"{prefix}/rollouts", data), output_path(f"{prefix}/rewards", data)
     rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
-    tokenizer = AutoTokenizer.from_pretrained(output_path(checkpoint_key(0), data))
+    base = output_path(checkpoint_key(0), data)
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    images, processor = round_images(AutoConfig.from_pretrained(base), tokenizer, saved_processor(base), rollouts, data)
+    vision = pixel_inputs(processor, images) if images is not None else None  # the pixels the policy saw
     targets, critic, parent, start = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id,
-                                                       take=True)
+                                                       take=True, vision=vision)
     from rl_assets.train.train_state import fingerprint
 
     seed, world = params.seed * 1000 + round_number, dist.get_world_size() if dist.is_initialized() else 1
@@ -307,7 +315,7 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
     state = fingerprint(params.train.model_dump(mode="json"), inputs=inputs, parent=checkpoint_id(parent), world_size=world, seed=seed)
     critic, metrics, history = train_critic(critic, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist(), targets,
                                             params.train, pad_id=tokenizer.pad_token_id, seed=seed, device=device,
-                                            state_dir=train_state_dir(round_number, data, "critic"), fingerprint=state)
+                                            state_dir=train_state_dir(round_number, data, "critic"), fingerprint=state, vision=vision)
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     start = start or read_lineage(parent).get("start", "policy")  # how the chain began

@@ -121,7 +121,7 @@ def token_scores(model, tokenizer, prompt_ids: list[list[int]], completion_ids: 
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
     with torch.no_grad():
         logprobs, _ = completion_logprobs(model, prompt_ids, completion_ids, pad_id, temperature, vision=vision)
-        values = completion_values(critic, prompt_ids, completion_ids, pad_id)[0] if critic is not None else None
+        values = completion_values(critic, prompt_ids, completion_ids, pad_id, vision=vision)[0] if critic is not None else None
     out = []
     for i, ids in enumerate(completion_ids):
         n = len(ids)

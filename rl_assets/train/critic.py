@@ -1,7 +1,8 @@
 """rNN/critic: PPO's value model, trained round after round on the returns of the round's stored rollouts.
 
 The value model is the policy's architecture with a token-classification head of one label
-(`AutoModelForTokenClassification`, a Hugging Face folder like any checkpoint). Round n's starts from
+(`AutoModelForTokenClassification`, a Hugging Face folder like any checkpoint; a vision-language policy's is
+its multimodal body with that head, `VisionValueModel`, so the values see the images). Round n's starts from
 rNN-1/critic; round 1's from r00 with a zero head (every value 0, so its advantages are the plain returns)
 or from the reward model, head included (train.ppo.critic_init).
 
@@ -31,6 +32,38 @@ from rl_assets.train.policy_gradient import padded, resume_point, save_state, st
 CRITIC_KIND = "critic"  # the lineage card's `kind` of a value model
 
 
+class VisionValueModel:
+    """Marks a vision-language value model: `vision_value_model` makes the class for a VLM's config."""
+
+
+def vision_value_model(config):
+    """The value model class of a vision-language policy's config: its multimodal body (`AutoModel`: vision tower, projector,
+    language model; the `model.*` weights of the policy's folder) and a one-output `score` head over the language model's
+    hidden states, as `AutoModelForTokenClassification` puts on a text model. Its forward takes the pixel inputs."""
+    from transformers import AutoModel, PreTrainedModel
+    from transformers.modeling_outputs import TokenClassifierOutput
+
+    class Model(VisionValueModel, PreTrainedModel):
+        config_class = type(config)
+        base_model_prefix = "model"
+        supports_gradient_checkpointing = True
+        _supports_sdpa = _supports_flash_attn = True
+
+        def __init__(self, config):
+            super().__init__(config)
+            self.model = AutoModel.from_config(config)
+            self.score = torch.nn.Linear(config.get_text_config().hidden_size, 1, bias=False)
+            self.post_init()
+
+        def forward(self, input_ids=None, attention_mask=None, **inputs):
+            inputs = {key: value for key, value in inputs.items() if key not in ("labels", "output_attentions", "output_hidden_states", "return_dict")}
+            hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
+            return TokenClassifierOutput(logits=self.score(hidden))
+
+    Model.__name__ = Model.__qualname__ = f"{type(config).__name__.removesuffix('Config')}ValueModel"
+    return Model
+
+
 def load_critic(path: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32, start: str | None = None,
                 lora: LoraParams | None = None):
     """The value model at `path` (an rNN/critic folder), or a new one from a policy or reward model folder.
@@ -54,7 +87,10 @@ def load_critic(path: str | Path, device: str = "cpu", dtype: torch.dtype = torc
     if start is not None:  # one output, no dropout (the estimate that trains is the one GAE read), no bias (as a reward head)
         config.num_labels, config.classifier_dropout, config.token_classification_bias = 1, 0.0, False
         config.id2label, config.label2id = {0: "value"}, {"value": 0}
-    model = AutoModelForTokenClassification.from_pretrained(path, config=config, dtype=dtype)
+    from rl_assets.core.vision import is_vision_model
+
+    loader = vision_value_model(config) if is_vision_model(config) else AutoModelForTokenClassification
+    model = loader.from_pretrained(path, config=config, dtype=dtype)
     if start == "policy":
         torch.nn.init.zeros_(model.score.weight)
     if lora is not None and start is not None:
@@ -89,12 +125,13 @@ class PPOTargets:
 
 def ppo_targets(critic, prompt_ids: list[list[int]], completion_ids: list[list[int]], mask: list[list[float]], scores: torch.Tensor,
                 params: TrainParams, *, pad_id: int, batch_size: int, stored_logprobs: list[list[float]] | None = None,
-                ref_model=None, temperature: float = 1.0) -> PPOTargets:
+                ref_model=None, temperature: float = 1.0, vision: list | None = None) -> PPOTargets:
     """Per-token rewards (the score on the last policy token, the KL penalty with train.ppo.kl_in_reward), the parent's values
     and GAE over the whole table, in no-grad passes of `batch_size` rows.
 
     `mask`: per completion token, 1 where it counts (the policy wrote it, its row is not left out); `stored_logprobs` and
     `ref_model`: for kl_in_reward, the sampling policy's log-probs and r00, whose per-token k1 KL is the penalty.
+    `vision`: each row's pixel inputs (a vision-language policy), read by the value model and r00.
     """
     ppo, width = params.ppo, max(1, max(map(len, completion_ids)))
     token_mask = padded(mask, width)
@@ -105,12 +142,13 @@ def ppo_targets(critic, prompt_ids: list[list[int]], completion_ids: list[list[i
     with torch.no_grad():
         for start in range(0, len(prompt_ids), batch_size):
             span = slice(start, start + batch_size)
-            values, _ = completion_values(critic, prompt_ids[span], completion_ids[span], pad_id)
+            pixels = vision[span] if vision is not None else None
+            values, _ = completion_values(critic, prompt_ids[span], completion_ids[span], pad_id, vision=pixels)
             old_values[span, : values.shape[1]] = values.cpu()
             if kl is not None:
                 if ref_model is None or stored_logprobs is None:
                     raise ValueError("train.ppo.kl_in_reward with beta > 0 needs the reference model and the stored log-probs")
-                reference, _ = completion_logprobs(ref_model, prompt_ids[span], completion_ids[span], pad_id, temperature)
+                reference, _ = completion_logprobs(ref_model, prompt_ids[span], completion_ids[span], pad_id, temperature, vision=pixels)
                 kl[span, : reference.shape[1]] = padded(stored_logprobs[span], reference.shape[1]) - reference.cpu()
     critic.train(was_training)
     rewards = token_rewards(scores, token_mask, kl=kl, kl_coef=params.beta)
@@ -131,8 +169,9 @@ def critic_learning_rate(params: TrainParams) -> float:
 
 def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[int]], targets: PPOTargets, params: TrainParams, *,
                  pad_id: int, seed: int, device: str = "cpu", progress: bool = True, state_dir: Path | None = None,
-                 fingerprint: dict | None = None):
+                 fingerprint: dict | None = None, vision: list | None = None):
     """Fit the value model to the round's returns: `critic_epochs` passes of shuffled minibatches, PPO's clipped value loss.
+    `vision`: each row's pixel inputs (the value model of a vision-language policy).
 
     Returns (trained critic, metrics, per-step history). Metrics: value_loss (mean over steps), value_clip_fraction,
     explained_variance and value_mean / return_mean of the parent's estimates against this round's returns (how well
@@ -173,7 +212,8 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
             for micro_index, micro in enumerate(micro_batches):
                 chosen = micro.tolist()
                 with accelerator.autocast(), (accelerator.no_sync(critic) if micro_index < accum - 1 else contextlib.nullcontext()):
-                    values, padding = completion_values(critic, [prompt_ids[i] for i in chosen], [completion_ids[i] for i in chosen], pad_id)
+                    values, padding = completion_values(critic, [prompt_ids[i] for i in chosen], [completion_ids[i] for i in chosen], pad_id,
+                                                        vision=[vision[i] for i in chosen] if vision is not None else None)
                     part = targets.rows(micro, values.shape[1])
                     mask = part.mask.to(values.device) * padding
                     loss, metrics = value_loss(values, part.old_values.to(values.device), part.returns.to(values.device), mask,

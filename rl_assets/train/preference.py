@@ -4,6 +4,9 @@ Both read the same stored rollouts and rewards as GRPO. DPO turns each prompt's 
 preference pair (its best vs its worst completion, when they differ by at least `min_margin`) and
 trains with TRL's DPOTrainer against the parent checkpoint as reference. RFT (expert iteration)
 keeps each prompt's top-k completions above `min_reward` and trains with TRL's SFTTrainer.
+
+A vision-language policy trains the same way with each row's images (TRL's vision collators): its processor
+expands the prompt's placeholders and gives the pixels to both the policy and DPO's reference.
 """
 
 from __future__ import annotations
@@ -22,18 +25,19 @@ from rl_assets.train.sft import checkpointing_arg
 from rl_assets.train.policy_gradient import join_rewards
 
 
-def _groups(rollouts: pa.Table, rewards: pa.Table) -> dict[str, list[tuple[float, int, str, str]]]:
-    """prompt_id -> [(reward, sample_idx, prompt, completion)] in table order."""
+def _groups(rollouts: pa.Table, rewards: pa.Table) -> dict[str, list[tuple[float, int, str, str, int]]]:
+    """prompt_id -> [(reward, sample_idx, prompt, completion, row)] in table order."""
     totals = join_rewards(rollouts, rewards).tolist()
     groups = defaultdict(list)
     for row, (pid, idx, prompt, completion) in enumerate(zip(rollouts["prompt_id"].to_pylist(), rollouts["sample_idx"].to_pylist(),
                                                             rollouts["prompt"].to_pylist(), rollouts["completion"].to_pylist())):
-        groups[pid].append((totals[row], idx, prompt, completion))
+        groups[pid].append((totals[row], idx, prompt, completion, row))
     return groups
 
 
 def preference_pairs(rollouts: pa.Table, rewards: pa.Table, min_margin: float) -> list[dict]:
-    """One {prompt, chosen, rejected, margin} per prompt whose best and worst rewards differ by >= min_margin (> 0).
+    """One {prompt, chosen, rejected, margin, row, rejected_row} per prompt whose best and worst rewards differ by
+    >= min_margin (> 0); `row` and `rejected_row`: the table rows of the two completions.
 
     Ties are broken by the lower sample index, so the pairs are a pure function of the tables.
     """
@@ -43,17 +47,39 @@ def preference_pairs(rollouts: pa.Table, rewards: pa.Table, min_margin: float) -
         worst = min(group, key=lambda g: (g[0], g[1]))
         margin = best[0] - worst[0]
         if margin > 0 and margin >= min_margin:
-            pairs.append({"prompt": best[2], "chosen": best[3], "rejected": worst[3], "margin": margin})
+            pairs.append({"prompt": best[2], "chosen": best[3], "rejected": worst[3], "margin": margin, "row": best[4], "rejected_row": worst[4]})
     return pairs
 
 
 def top_completions(rollouts: pa.Table, rewards: pa.Table, top_k: int, min_reward: float) -> list[dict]:
-    """Each prompt's best `top_k` completions with reward >= min_reward, as {prompt, completion, reward}."""
+    """Each prompt's best `top_k` completions with reward >= min_reward, as {prompt, completion, reward, row}."""
     kept = []
     for group in _groups(rollouts, rewards).values():
         ranked = sorted(group, key=lambda g: (-g[0], g[1]))
-        kept += [{"prompt": g[2], "completion": g[3], "reward": g[0]} for g in ranked[:top_k] if g[0] >= min_reward]
+        kept += [{"prompt": g[2], "completion": g[3], "reward": g[0], "row": g[4]} for g in ranked[:top_k] if g[0] >= min_reward]
     return kept
+
+
+def with_images(examples: list[dict], rollouts: pa.Table, tokenizer, images: list[list]) -> list[dict]:
+    """DPO's or RFT's examples for TRL's vision collators: each with its row's PIL `images`, the prompt starting with the BOS
+    its sampled ids start with, each completion ending with the end token it was sampled with (those collators tokenize
+    the text without special tokens, and `completion` is decoded without them)."""
+    prompt_ids, completion_ids, truncated = (rollouts[name].to_pylist() for name in ("prompt_ids", "completion_ids", "truncated"))
+    bos = tokenizer.bos_token
+
+    def ending(row: int) -> str:
+        ids = completion_ids[row]
+        return tokenizer.convert_ids_to_tokens(ids[-1]) if ids and not truncated[row] else ""
+
+    out = []
+    for example in examples:
+        row, prompt = example["row"], example["prompt"]
+        if bos is not None and prompt_ids[row][:1] == [tokenizer.bos_token_id] and not prompt.startswith(bos):
+            prompt = bos + prompt
+        rows = {"chosen": row, "rejected": example.get("rejected_row"), "completion": row}
+        texts = {key: example[key] + ending(rows[key]) for key in ("chosen", "rejected", "completion") if key in example}
+        out.append({"prompt": prompt, **texts, "images": images[row]})
+    return out
 
 
 def _reward_stats(rewards: pa.Table) -> dict:
@@ -98,8 +124,10 @@ def _run(trainer, model, extra: dict) -> tuple:
                    "loss": losses[-1] if losses else None, "train_runtime_s": result.metrics.get("train_runtime"), "history": history}
 
 
-def train_dpo(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, seed: int, use_cpu: bool = True):
-    """DPO on best-vs-worst pairs of this round's groups; the parent (the model as given) is the reference."""
+def train_dpo(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, seed: int, use_cpu: bool = True,
+              images: list[list] | None = None, processor=None):
+    """DPO on best-vs-worst pairs of this round's groups; the parent (the model as given) is the reference.
+    `images`, `processor`: a vision-language policy's PIL images per row of the table, and its processor."""
     from datasets import Dataset
     from trl import DPOTrainer
 
@@ -108,7 +136,8 @@ def train_dpo(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: T
              "mean_margin": sum(p["margin"] for p in pairs) / len(pairs) if pairs else 0.0}
     if not pairs:  # every group is flat or too close: nothing to prefer, the parent goes on unchanged
         return model, {**extra, "steps": 0, "loss": None, "history": []}
-    dataset = Dataset.from_list([{k: p[k] for k in ("prompt", "chosen", "rejected")} for p in pairs])
+    examples = with_images(pairs, rollouts, tokenizer, images) if processor is not None else pairs
+    dataset = Dataset.from_list([{k: p[k] for k in ("prompt", "chosen", "rejected", "images") if k in p} for p in examples])
     peft = hasattr(model, "peft_config")
     quantized = getattr(model, "is_loaded_in_4bit", False) or getattr(model, "is_loaded_in_8bit", False)
     with tempfile.TemporaryDirectory(prefix="rl-assets-dpo-") as scratch:
@@ -119,7 +148,7 @@ def train_dpo(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: T
         if reference is not None:
             reference.eval().requires_grad_(False)
         trainer = DPOTrainer(model=model, ref_model=reference, args=dpo_config(params, scratch, seed, use_cpu), train_dataset=dataset,
-                             processing_class=tokenizer)
+                             processing_class=tokenizer if processor is None else processor)
         if peft and reference is None and "ref" not in model.peft_config:
             raise RuntimeError("this TRL/PEFT would take the DPO reference of a 4-bit LoRA parent from the base with adapters disabled "
                                "(r00), not the parent; upgrade trl and peft (peft >= 0.20)")
@@ -129,8 +158,10 @@ def train_dpo(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: T
     return trained, metrics
 
 
-def train_rft(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, seed: int, use_cpu: bool = True):
-    """Supervised fine-tuning on each prompt's top-k completions above the reward threshold."""
+def train_rft(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: TrainParams, *, seed: int, use_cpu: bool = True,
+              images: list[list] | None = None, processor=None):
+    """Supervised fine-tuning on each prompt's top-k completions above the reward threshold (`images`, `processor`: as
+    `train_dpo`'s)."""
     from datasets import Dataset
     from trl import SFTTrainer
 
@@ -139,7 +170,9 @@ def train_rft(model, tokenizer, rollouts: pa.Table, rewards: pa.Table, params: T
              "kept_reward_mean": sum(k["reward"] for k in kept) / len(kept) if kept else 0.0}
     if not kept:  # nothing reached the threshold: the parent goes on unchanged
         return model, {**extra, "steps": 0, "loss": None, "history": []}
-    dataset = Dataset.from_list([{"prompt": k["prompt"], "completion": k["completion"]} for k in kept])
+    examples = with_images(kept, rollouts, tokenizer, images) if processor is not None else kept
+    dataset = Dataset.from_list([{k: e[k] for k in ("prompt", "completion", "images") if k in e} for e in examples])
     with tempfile.TemporaryDirectory(prefix="rl-assets-rft-") as scratch:
-        trainer = SFTTrainer(model=model, args=rft_config(params, scratch, seed, use_cpu), train_dataset=dataset, processing_class=tokenizer)
+        trainer = SFTTrainer(model=model, args=rft_config(params, scratch, seed, use_cpu), train_dataset=dataset,
+                             processing_class=tokenizer if processor is None else processor)
         return _run(trainer, model, extra)

@@ -76,8 +76,7 @@ def test_sampling_sees_the_image_and_the_stored_logprobs_are_the_models(vlm):
 
 
 @pytest.mark.parametrize("override, message", [
-    ("train.algorithm=dpo", "train.algorithm: dpo does not train a vision-language policy yet"),
-    ("train.algorithm=ppo", "train.algorithm: ppo does not train a vision-language policy yet"),
+    ("train.algorithm=ppo train.ppo.critic_init=reward_model", "critic_init: reward_model reads text only, and the policy reads images"),
     ("rollouts.tools=[calculator]", "tools and environments do not show a vision-language policy its images yet"),
 ])
 def test_what_does_not_take_images_yet_is_refused_up_front(tmp_path, override, message):
@@ -89,7 +88,7 @@ def test_what_does_not_take_images_yet_is_refused_up_front(tmp_path, override, m
                                                               "count": 10, "columns": {"image": "image"}}]},
                                     "rewards": {"functions": [{"name": "arithmetic_answer"}]}}))
     with pytest.raises(ParamsError, match=message):
-        load_params(path, overrides=[override])
+        load_params(path, overrides=override.split())
 
 
 def test_vision_shapes_only_the_embedded_model():
@@ -99,20 +98,25 @@ def test_vision_shapes_only_the_embedded_model():
         ModelParams(vision={"image_size": 32, "patch_size": 5})
 
 
-@pytest.mark.parametrize("policy", ["embedded", "folder", "frozen vision"])
+@pytest.mark.parametrize("policy", ["embedded", "folder", "frozen vision", "dpo", "rft", "ppo"])
 def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(tmp_path, policy, vlm):
     """count_shapes through raw_data, prompts, r00, one round and the evaluation, stage by stage: the embedded VLM warm-started
-    on the images, or a VLM folder with a processor of its own (as a hub VLM comes), which every checkpoint keeps."""
+    on the images, or a VLM folder with a processor of its own (as a hub VLM comes), which every checkpoint keeps; GRPO,
+    DPO and RFT through TRL's vision collators, or PPO with a value model that sees the images too."""
     from rl_assets.core.checkpoints import read_lineage
     from rl_assets.core.paths import IMAGES, data_dir, output_path
     from rl_assets.core.schemas import PROMPTS, RAW_DATA, read_table, write_table
+    from rl_assets.core.logprobs import completion_values
     from rl_assets.core.tokenizer import load_tokenizer
+    from rl_assets.data.images import open_images
     from rl_assets.data.prompts import build_prompts
+    from rl_assets.train.critic import load_critic
     from rl_assets.data.raw_data import load_raw_data
     from rl_assets.run.loaded import Loaded
     from rl_assets.run.stages import run_stage
 
     model = {"name_or_path": "tiny", **SHAPE}
+    algorithm = policy if policy in ("dpo", "rft", "ppo") else "grpo"
     if policy == "folder":
         folder = tmp_path / "my-vlm"
         vlm[0].save_pretrained(folder)
@@ -120,7 +124,7 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
         model = {"name_or_path": str(folder)}
     params_file = tmp_path / "params.yaml"
     params_file.write_text(yaml.safe_dump({
-        "seed": 0, "rounds": 1, "compute": {"nproc": 1, "device": "cpu"},
+        "seed": 0, "rounds": 2 if policy == "ppo" else 1, "compute": {"nproc": 1, "device": "cpu"},
         "model": model,
         "raw_data": {"sources": [{"kind": "python", "function": "rl_assets.data.image_tasks:count_shapes", "count": 40,
                                   "columns": {"image": "image"}}]},
@@ -129,7 +133,8 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
         "rollouts": {"prompts_per_round": 6, "samples_per_prompt": 4, "max_new_tokens": 3, "batch_size": 32},
         "rewards": {"functions": [{"name": "arithmetic_answer", "weight": 1.0},  # a digit anywhere: rewards that differ from the first round
                                   {"name": "format_regex", "weight": 1.0, "options": {"pattern": "[0-9]", "search": True}}]},
-        "train": {"learning_rate": 1.0e-2, "epochs": 1, "minibatch_size": 8, "freeze_vision": policy == "frozen vision"},
+        "train": {"algorithm": algorithm, "learning_rate": 1.0e-2, "epochs": 1, "minibatch_size": 8, "freeze_vision": policy == "frozen vision",
+                  "dpo": {"batch_size": 2}, "rft": {"batch_size": 2, "top_k": 2}},
         "evaluation": {"max_prompts": 6, "samples_per_prompt": 2, "max_new_tokens": 3},
         "guards": {"kl_max": 100.0, "entropy_min": 0.0},
     }))
@@ -143,7 +148,11 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
 
     loaded = Loaded()
     metadata = {stage: run_stage(stage, params, round_number, tmp_path, loaded)[0]
-                for stage, round_number in (("sft", None), ("rollouts", 1), ("rewards", 1), ("train", 1), ("evaluation", None))}
+                for stage, round_number in (("sft", None), ("rollouts", 1), ("rewards", 1), ("train", 1), ("critic", 1))
+                if stage != "critic" or algorithm == "ppo"}
+    if algorithm == "ppo":  # a second round: its advantages and value targets come from r01's value model
+        metadata.update({f"{stage}2": run_stage(stage, params, 2, tmp_path, loaded)[0] for stage in ("rollouts", "rewards", "train", "critic")})
+    run_stage("evaluation", params, None, tmp_path, loaded)
     # the rollouts' materialization shows each sample's picture beside its prompt and completion, by the URL `rl-assets serve` answers
     samples = metadata["rollouts"]["samples"]["raw_value"]
     assert samples.startswith("| image | prompt | completion | answer |") and "&lt;image>How many" in samples
@@ -164,9 +173,13 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     image_token = load_policy(r00)[0].config.image_token_id
     assert all(ids.count(image_token) == 16 for ids in rollouts["prompt_ids"].to_pylist())
     metrics = read_lineage(r01)["metrics"]
-    assert metrics["steps"] == 3 and metrics["grad_norm"] > 0 and metrics["equal_reward_group_share"] < 1
-    # training recomputed the stored log-probs with the same pixels: the first step's ratio is 1
-    assert abs(read_lineage(r01)["history"][0]["kl_old"]) < 1e-5
+    if algorithm in ("grpo", "ppo"):
+        assert metrics["steps"] == 3 and metrics["grad_norm"] > 0 and metrics["equal_reward_group_share"] < 1
+        # training recomputed the stored log-probs with the same pixels: the first step's ratio is 1
+        assert abs(read_lineage(r01)["history"][0]["kl_old"]) < 1e-5
+    else:  # TRL's trainers read what sampling saw: its prompt ids (placeholders expanded, BOS once) and the pixels
+        assert metrics["steps"] >= 1 and metrics["pairs" if algorithm == "dpo" else "kept"] >= 1 and metrics["kl"] > 0
+        assert_trl_reads_the_sampled_ids(algorithm, rollouts, read_table(output_path("r01/rewards", data), "rewards"), data, params)
     # the vision tower trained: its weights moved in the round
     before, after = load_policy(r00)[0], load_policy(r01)[0]
     moved = {name for name, p in before.named_parameters() if not torch.equal(p, after.get_parameter(name))}
@@ -174,7 +187,18 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     assert tower and any(name.startswith("model.language_model.") for name in moved)
     assert (moved & tower) if policy != "frozen vision" else not (moved & tower)  # train.freeze_vision keeps them
     evaluation = read_table(data / "evaluation.parquet", "evaluation")
-    assert sorted(set(evaluation["checkpoint"].to_pylist())) == ["r00/checkpoint", "r01/checkpoint"]
+    assert sorted(set(evaluation["checkpoint"].to_pylist()))[:2] == ["r00/checkpoint", "r01/checkpoint"]
+    if algorithm == "ppo":
+        assert_the_value_model_sees_the_images(data, rollouts, metadata["critic"], vlm)
+        # round 2's value targets are r01's value model's estimates with each rollout's picture
+        second = read_table(output_path("r02/rollouts", data), "rollouts")
+        pixels = pixel_inputs(vlm[2], open_images(second["image_ids"].to_pylist(), data / IMAGES))
+        critic = load_critic(output_path("r01/critic", data))
+        with torch.no_grad():
+            seen, mask = completion_values(critic, second["prompt_ids"].to_pylist(), second["completion_ids"].to_pylist(), 0, vision=pixels)
+            blind, _ = completion_values(critic, second["prompt_ids"].to_pylist(), second["completion_ids"].to_pylist(), 0)
+        assert metadata["critic2"]["value_mean"] == pytest.approx(float((seen * mask).sum() / mask.sum()), abs=1e-5)
+        assert metadata["critic2"]["value_mean"] != pytest.approx(float((blind * mask).sum() / mask.sum()), abs=1e-5)
 
 
 @pytest.mark.parametrize("frozen", [False, True])
@@ -254,3 +278,74 @@ def test_trls_fused_head_gives_a_vlm_the_same_logprobs_as_its_plain_logits(vlm, 
     assert getattr(fused_model, "_rl_assets_fused", None) is not None
     assert torch.allclose(plain * mask, fused * mask, atol=1e-5)
     assert (swapped - fused).abs().max().item() > 1e-3  # the fused pass reads the pixels as well
+
+
+def assert_trl_reads_the_sampled_ids(algorithm, rollouts, rewards, data, params):
+    """TRL's vision collator, given the round's DPO pairs or RFT picks, gives each example the prompt ids sampling
+    stored (and pixels), then the completion's ids where its text tokenizes back to them."""
+    from trl.trainer.dpo_trainer import DataCollatorForVisionPreference
+    from trl.trainer.sft_trainer import DataCollatorForVisionLanguageModeling
+
+    from rl_assets.core.paths import IMAGES
+    from rl_assets.data.images import open_images
+    from rl_assets.train.preference import preference_pairs, top_completions, with_images
+
+    model, tokenizer = load_policy(data / "r00" / "checkpoint")
+    processor = tiny_processor(tokenizer, model.config)
+    images = open_images(rollouts["image_ids"].to_pylist(), data / IMAGES)
+    picked = (preference_pairs(rollouts, rewards, params.train.dpo.min_margin) if algorithm == "dpo"
+              else top_completions(rollouts, rewards, params.train.rft.top_k, params.train.rft.min_reward))
+    examples = with_images(picked, rollouts, tokenizer, images)
+    collator = (DataCollatorForVisionPreference(processor=processor) if algorithm == "dpo"
+                else DataCollatorForVisionLanguageModeling(processor=processor, completion_only_loss=True))
+    batch = collator([dict(example) for example in examples])
+    assert batch["pixel_values"].shape[0] == len(examples) * (2 if algorithm == "dpo" else 1)
+    prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist()
+    round_trips = 0
+    for i, pick in enumerate(picked):
+        row = pick["row"]
+        ids = batch["input_ids"][i][batch["attention_mask"][i].bool()].tolist()
+        assert ids[: len(prompt_ids[row])] == prompt_ids[row]
+        if tokenizer(tokenizer.decode(completion_ids[row], skip_special_tokens=True), add_special_tokens=False).input_ids == \
+                [t for t in completion_ids[row] if t not in tokenizer.all_special_ids]:
+            round_trips += 1
+            assert ids[len(prompt_ids[row]):] == completion_ids[row]  # the end token included, as sampled
+    assert round_trips >= 1
+
+
+def test_dpo_and_rft_examples_carry_the_sampled_bos_end_token_and_images(vlm):
+    """TRL's vision collators tokenize without special tokens: each example's text holds the BOS its prompt was sampled
+    with and the end token its completion was sampled with (none when truncated), and the row's images."""
+    import pyarrow as pa
+
+    from rl_assets.train.preference import with_images
+
+    tokenizer = vlm[1]
+    bos, eos = tokenizer.bos_token_id, tokenizer.eos_token_id
+    rollouts = pa.table({"prompt_ids": [[bos, 5], [bos, 5], [5]], "completion_ids": [[7, eos], [8, 9], [7, eos]],
+                         "truncated": [False, True, False]})
+    pair = {"prompt": "<image>Q", "chosen": "a", "rejected": "b", "row": 0, "rejected_row": 1}
+    picks = [{"prompt": "<image>Q", "completion": "b", "row": 1}, {"prompt": "<image>Q", "completion": "c", "row": 2}]
+    images = [["picture 0"], ["picture 1"], ["picture 2"]]
+    assert with_images([pair], rollouts, tokenizer, images) == [
+        {"prompt": tokenizer.bos_token + "<image>Q", "chosen": "a" + tokenizer.eos_token, "rejected": "b", "images": ["picture 0"]}]
+    assert with_images(picks, rollouts, tokenizer, images) == [
+        {"prompt": tokenizer.bos_token + "<image>Q", "completion": "b", "images": ["picture 1"]},
+        {"prompt": "<image>Q", "completion": "c" + tokenizer.eos_token, "images": ["picture 2"]}]  # sampled without a BOS: none added
+
+
+def assert_the_value_model_sees_the_images(data, rollouts, metrics, vlm):
+    """PPO's value model of a VLM is the VLM's body with a value head: it trained (vision tower included) and its estimates
+    change with the picture."""
+    from rl_assets.core.logprobs import completion_values
+    from rl_assets.train.critic import VisionValueModel, load_critic
+
+    assert metrics["steps"] >= 1 and metrics["value_loss"] > 0
+    before, after = load_critic(data / "r00" / "checkpoint", start="policy"), load_critic(data / "r01" / "critic")
+    assert isinstance(after, VisionValueModel) and after.score.weight.abs().sum() > 0  # the head started at zero
+    assert any(not torch.equal(p, before.get_parameter(name)) for name, p in after.named_parameters() if "vision_tower" in name)
+    prompt_ids, completion_ids = rollouts["prompt_ids"].to_pylist()[:1], rollouts["completion_ids"].to_pylist()[:1]
+    _, shown = pictures(2)
+    values = [completion_values(after, prompt_ids, completion_ids, vlm[1].pad_token_id, vision=pixel_inputs(vlm[2], [picture]))[0]
+              for picture in shown]
+    assert not torch.allclose(values[0], values[1])
