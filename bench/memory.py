@@ -8,7 +8,8 @@
 
 The model is a randomly initialised Qwen2 (`Qwen2Config`, by default the real 151,936-token vocabulary
 and a tiny body), or with --model a real one's folder (SmolLM2-135M-Instruct from `make real-model`), fp32 on CPU; the batch is N sequences of P random prompt ids + C random completion
-ids, no padding. With --vision the model is a LLaVA (that language model and a SigLIP vision tower) and each
+ids, no padding. With --vision the model is a LLaVA (that language model, a real one's weights with --model, and a
+random SigLIP vision tower: no pretrained VLM is reachable here) and each
 sequence shows one random image: its placeholder tokens start the prompt, its pixels go with the batch in each side's
 own layout (rl-assets: per row; TRL: stacked, with num_images). Two cases, each side of each case in a fresh process (`memory.py --worker CASE`) so
 peak-RSS high-water marks never mix:
@@ -114,28 +115,33 @@ def build_model(args):
     import torch
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
+    language = None
     if args.model:  # a real model's folder (e.g. SmolLM2 from `make real-model`), fp32 as the example trains it
         from rl_assets.core.policy import load_policy
 
-        model, _ = load_policy(args.model, "cpu", torch.float32)
-        model.train()
-        return model
-    config = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
-                         num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
-                         max_position_embeddings=max(args.prompt_tokens + args.completion_tokens, 128), tie_word_embeddings=args.tie_embeddings,
-                         pad_token_id=0, bos_token_id=1, eos_token_id=2)
+        language, _ = load_policy(args.model, "cpu", torch.float32)
+        config = language.config
+    else:
+        config = Qwen2Config(vocab_size=args.vocab, hidden_size=args.hidden, intermediate_size=args.intermediate,
+                             num_hidden_layers=args.layers, num_attention_heads=args.heads, num_key_value_heads=args.kv_heads,
+                             max_position_embeddings=max(args.prompt_tokens + args.completion_tokens, 128), tie_word_embeddings=args.tie_embeddings,
+                             pad_token_id=0, bos_token_id=1, eos_token_id=2)
     torch.manual_seed(0)
-    if args.vision:  # a LLaVA: this language model and a SigLIP vision tower, one token per patch
+    if args.vision:  # a LLaVA: this language model (the real one's weights with --model) and a SigLIP vision tower, one token per patch
         from transformers import LlavaConfig, LlavaForConditionalGeneration, SiglipVisionConfig
 
         tower = SiglipVisionConfig(hidden_size=args.vision_hidden, intermediate_size=4 * args.vision_hidden, num_hidden_layers=args.vision_layers,
                                    num_attention_heads=args.heads, image_size=args.image_size, patch_size=args.patch_size)
-        config.max_position_embeddings += image_tokens(args)
+        config.max_position_embeddings = max(config.max_position_embeddings, args.prompt_tokens + args.completion_tokens + image_tokens(args))
         model = LlavaForConditionalGeneration(LlavaConfig(vision_config=tower, text_config=config, image_token_id=IMAGE_TOKEN_ID,
                                                           vision_feature_select_strategy="full", vision_feature_layer=-1,
-                                                          image_seq_length=image_tokens(args), tie_word_embeddings=args.tie_embeddings))
+                                                          image_seq_length=image_tokens(args), tie_word_embeddings=config.tie_word_embeddings))
+        if language is not None:
+            model.model.language_model.load_state_dict(language.model.state_dict())
+            model.lm_head.load_state_dict(language.lm_head.state_dict())
+            del language
     else:
-        model = Qwen2ForCausalLM(config)
+        model = language if language is not None else Qwen2ForCausalLM(config)
     model = model.to(torch.float32)
     model.train()
     return model
@@ -434,7 +440,7 @@ def parse(argv=None):
     shape.add_argument("--model", default=None, help="a model folder (e.g. base_models/smollm2-135m-instruct) instead of the random Qwen2; "
                        "--vocab and the body options are then read from it")
     shape.add_argument("--gradient-checkpointing", action="store_true", help="recompute activations in the backward pass (both sides)")
-    shape.add_argument("--vision", action="store_true", help="a vision-language model: the random model in a LLaVA with a SigLIP tower, one "
+    shape.add_argument("--vision", action="store_true", help="a vision-language model: the language model (random, or --model's) in a LLaVA with a SigLIP tower, one "
                        "image per sequence (its placeholder tokens before the P prompt tokens)")
     shape.add_argument("--image-size", type=int, default=64, help="--vision: image side in pixels")
     shape.add_argument("--patch-size", type=int, default=8, help="--vision: patch side (one image token per patch)")
@@ -454,8 +460,6 @@ def parse(argv=None):
     args = parser.parse_args(argv)
     if args.sequences % args.group_size:
         parser.error(f"--group-size {args.group_size} must divide --sequences {args.sequences}")
-    if args.model and args.vision:
-        parser.error("--vision builds a random LLaVA; it does not take --model")
     if args.model:
         args.vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]  # random ids must be in range
     args.shape_args = []

@@ -111,11 +111,13 @@ def data_assets(params: Params) -> list[AssetsDefinition]:
     def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
         from rl_assets.core.schemas import PROMPTS, read_table, write_table
         from rl_assets.core.tokenizer import load_tokenizer
+        from rl_assets.core.vision import tokens_per_image
         from rl_assets.data.prompts import build_prompts
 
         p = params.load()
         data = data_dir(p.experiment)
-        table, dropped = build_prompts(read_table(output_path("raw_data", data), "raw_data"), p.prompts, load_tokenizer(p.model))
+        table, dropped = build_prompts(read_table(output_path("raw_data", data), "raw_data"), p.prompts, load_tokenizer(p.model),
+                                       image_tokens=tokens_per_image(p.model))
         path = write_table(table, output_path("prompts", data), PROMPTS, "prompts")
         splits = Counter(table["split"].to_pylist())
         yield from materialized(context, params, path, {"rows": table.num_rows, **{f"split_{s}": splits[s] for s in ("sft", "rl", "eval")},

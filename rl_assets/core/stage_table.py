@@ -55,7 +55,7 @@ STAGE_TABLE = {
                        "data/raw_generators.py"),
                       compute=False),
     "prompts": Stage("data/prompts.py:build_prompts", ("prompts",), ("prompts", "model.name_or_path", "model.vision"),
-                     (*_CONFIG, "core/schemas.py", "core/storage.py", "core/tokenizer.py", "data/prompts.py"), compute=False),
+                     (*_CONFIG, "core/schemas.py", "core/storage.py", "core/tokenizer.py", "core/vision.py", "data/prompts.py"), compute=False),
     # with sft.demonstration the rollouts' tools or environment answer the demonstrations
     "sft": Stage("run/stages.py:run_sft", ("r00/checkpoint",), ("seed", "model", "sft", *EPISODE_KEYS[:3]),
                  (*_RUNNER, *_POLICY, *_EPISODES, "train/sft.py", "eval/promotion.py", "eval/guards.py"), distributed=True),

@@ -61,6 +61,23 @@ def folder_is_vision_model(folder: str | Path) -> bool:
     return config.is_file() and json.loads(config.read_text()).get("vision_config") is not None
 
 
+def tokens_per_image(model) -> int:
+    """How many tokens one image's placeholder expands into for the policy `model` (the params' model section) names: the
+    embedded VLM's patches, a VLM folder's fixed `image_seq_length` (LLaVA); 1, the placeholder alone, for a text model
+    or a VLM whose count depends on the picture's size (Qwen2-VL).
+
+    >>> from rl_assets.core.config import ModelParams
+    >>> tokens_per_image(ModelParams(vision={"image_size": 48, "patch_size": 8})), tokens_per_image(ModelParams())
+    (36, 1)
+    """
+    import json
+
+    if model.vision is not None:
+        return (model.vision.image_size // model.vision.patch_size) ** 2
+    config = Path(model.name_or_path) / "config.json"
+    return int(json.loads(config.read_text()).get("image_seq_length") or 1) if config.is_file() else 1
+
+
 def build_tiny_vlm(text_config, vision, image_token_id: int, seed: int):
     """The embedded vision-language policy: a LLaVA whose language model is the tiny Llama of `text_config`
     and whose vision tower is a SigLIP encoder of `vision`'s shape (TinyVisionParams), one token per patch."""

@@ -122,8 +122,12 @@ def _answer_policy(records: list[dict], policy: str) -> dict[tuple, str | None]:
     return {question: next(iter(found)) if policy == "first" else None for question, found in conflicting.items()}
 
 
-def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.Table, dict]:
-    """The `PROMPTS` table and counts of what was dropped (duplicates, conflicting answers, over-long prompts)."""
+def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer, image_tokens: int = 1) -> tuple[pa.Table, dict]:
+    """The `PROMPTS` table and counts of what was dropped (duplicates, conflicting answers, over-long prompts).
+
+    `image_tokens`: how many tokens each image's placeholder expands into (rl_assets.core.vision.tokens_per_image),
+    counted in a prompt's length (`n_tokens`, max_prompt_tokens) as the policy will read it.
+    """
     seen, rows = set(), []
     dropped = {"duplicates": 0, "too_long": 0, "conflicting": 0}
     records = raw.to_pylist()
@@ -141,7 +145,8 @@ def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer) -> tuple[pa.T
         rows.append({"prompt_id": pid, "prompt": render(record["prompt"], params, tokenizer, len(image_ids)), "problem": record["prompt"], "answer": record["answer"],
                      "split": split_of(pid, params.eval_fraction, params.sft_fraction),
                      "image_ids": image_ids, **{k: record[k] for k in ("source", "source_hash", "source_row", "extra")}})
-    lengths = [len(ids) for ids in encode_prompts(tokenizer, [r["prompt"] for r in rows])]  # what generation will feed
+    lengths = [len(ids) + len(row["image_ids"]) * (image_tokens - 1)  # what generation will feed
+               for ids, row in zip(encode_prompts(tokenizer, [r["prompt"] for r in rows]), rows)]
     kept = []
     for row, length in zip(rows, lengths):
         if length > params.max_prompt_tokens:

@@ -9,6 +9,8 @@ import json
 import re
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, REPO
 
 TINY = ["--vocab", "4096", "--hidden", "16", "--intermediate", "32", "--sequences", "4", "--group-size", "2",
@@ -49,9 +51,16 @@ def test_memory_bench_takes_a_real_models_folder_with_gradient_checkpointing(tmp
     assert numbers["rl_assets"]["peak_mib"] > 0 and numbers["trl"]["peak_mib"] > 0
 
 
-def test_memory_bench_measures_a_vision_language_model_with_images(tmp_path):
+@pytest.mark.parametrize("language", ["random", "a real model's folder"])
+def test_memory_bench_measures_a_vision_language_model_with_images(tmp_path, language):
     out = tmp_path / "memory.json"
-    done = subprocess.run([PYTHON, str(REPO / "bench" / "memory.py"), *TINY, "--vision", "--image-size", "16", "--vision-hidden", "16",
+    body = TINY
+    if language != "random":
+        from real_models import save_real_model
+
+        body = ["--model", str(save_real_model(tmp_path / "model", "llama", hidden_size=32, generation_defaults={})),
+                *TINY[TINY.index("--sequences"):]]
+    done = subprocess.run([PYTHON, str(REPO / "bench" / "memory.py"), *body, "--vision", "--image-size", "16", "--vision-hidden", "16",
                            "--vision-layers", "1", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
     assert "in a LLaVA with a SigLIP tower (1 layers, width 16): one 16px image per sequence, 4 image tokens before the prompt" in done.stdout

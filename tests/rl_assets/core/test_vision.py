@@ -13,7 +13,8 @@ from PIL import Image
 from rl_assets.core.config import ModelParams, load_params
 from rl_assets.core.logprobs import completion_logprobs
 from rl_assets.core.policy import load_base_model, load_policy
-from rl_assets.core.vision import encode_with_images, folder_is_vision_model, pixel_inputs, placeholder_ids, saved_processor, tiny_processor
+from rl_assets.core.vision import (encode_with_images, folder_is_vision_model, pixel_inputs, placeholder_ids, saved_processor, tiny_processor,
+                                   tokens_per_image)
 from rl_assets.data.image_tasks import count_shapes
 from rl_assets.rollout.generation import generate
 
@@ -142,7 +143,7 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     data = data_dir(params.experiment, tmp_path)
     raw, _ = load_raw_data(params.raw_data, params.seed, tmp_path, images_dir=data / IMAGES)
     write_table(raw, output_path("raw_data", data), RAW_DATA, "raw_data")
-    prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model))
+    prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model), image_tokens=tokens_per_image(params.model))
     write_table(prompts, output_path("prompts", data), PROMPTS, "prompts")
     assert all(p.startswith("<image>How many") for p in prompts["prompt"].to_pylist())  # one placeholder before the text
 
@@ -172,6 +173,8 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     assert all(len(ids) == 1 for ids in shown)
     image_token = load_policy(r00)[0].config.image_token_id
     assert all(ids.count(image_token) == 16 for ids in rollouts["prompt_ids"].to_pylist())
+    length = dict(zip(prompts["prompt_id"].to_pylist(), prompts["n_tokens"].to_pylist()))  # the image's 16 tokens counted, not 1
+    assert all(length[pid] == len(ids) for pid, ids in zip(rollouts["prompt_id"].to_pylist(), rollouts["prompt_ids"].to_pylist()))
     metrics = read_lineage(r01)["metrics"]
     if algorithm in ("grpo", "ppo"):
         assert metrics["steps"] == 3 and metrics["grad_norm"] > 0 and metrics["equal_reward_group_share"] < 1
