@@ -104,12 +104,15 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
     write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", data), ROLLOUTS, "rollouts",
                 lineage=stage_lineage("rollouts", params))
     lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
-    samples = [[p, c, a] for p, c, a in zip(table["prompt"].to_pylist()[:8], table["completion"].to_pylist()[:8], table["answer"].to_pylist()[:8])]
+    group = params.rollouts.samples_per_prompt  # two samples each of the first four prompts: several pictures, and how samples differ
+    shown_rows = [row for row in (p * group + s for p in range(8) for s in range(min(group, 2))) if row < table.num_rows][:8]
+    picked = table.take(shown_rows)
+    samples = [[p, c, a] for p, c, a in zip(picked["prompt"].to_pylist(), picked["completion"].to_pylist(), picked["answer"].to_pylist())]
     metadata = {"rows": table.num_rows, "prompts": table.num_rows // params.rollouts.samples_per_prompt,
                 "mean_completion_tokens": sum(lengths) / len(lengths), "truncated_share": sum(table["truncated"].to_pylist()) / table.num_rows,
                 "completion_tokens_per_second": sum(lengths) / elapsed if elapsed else 0.0,  # sampling plus the log-prob pass
                 "samples": {"type": "md", "raw_value": markdown_table(["prompt", "completion", "answer"], samples)}}
-    shown = table["image_ids"].to_pylist()[:8]
+    shown = picked["image_ids"].to_pylist()
     if any(shown):  # what the policy saw beside what it wrote: each sample's pictures, as `rl-assets serve` answers for them
         from rl_assets.data.images import IMAGES_URL, image_markdown
 

@@ -159,6 +159,7 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     assert samples.startswith("| image | prompt | completion | answer |") and "&lt;image>How many" in samples
     shown = re.findall(r"!\[([0-9a-f]{12})\]\(http://127\.0\.0\.1:8000/images/([0-9a-f]{64})\.png\)", samples)
     assert len(shown) == 8 and all(short == full[:12] and (data / "images" / f"{full}.png").is_file() for short, full in shown)
+    assert len({full for _, full in shown}) > 1  # several prompts' pictures, two samples each
     r00, r01 = output_path("r00/checkpoint", data), output_path("r01/checkpoint", data)
     assert folder_is_vision_model(r00) and folder_is_vision_model(r01)
     if policy == "embedded":  # the warm start read the pictures and fitted the answers
