@@ -129,7 +129,7 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     device = next(model.parameters()).device
     input_ids, attention, labels = _right_padded(prompt_ids, completion_ids, pad_id, device)
     # A VLM's forward puts the image features at its image tokens' embeddings: it takes the token ids themselves.
-    inputs = {"input_ids": input_ids, **batched(vision, model)} if vision is not None else _token_inputs(model, input_ids)
+    inputs = {"input_ids": input_ids, **batched(vision, model, input_ids)} if vision is not None else _token_inputs(model, input_ids)
     width = input_ids.shape[1]
     keep = width - min(map(len, prompt_ids)) + 1  # the positions from the shortest prompt's last token on predict completions
     vocab = _innermost(model).config.get_text_config().vocab_size  # under DDP or FSDP: the wrapped model's
@@ -180,7 +180,7 @@ def completion_kl(model, ref_model, prompt_ids: list[list[int]], completion_ids:
                 chunk = rows[start : start + per_chunk]
                 span = max(len(completion_ids[r]) for r in chunk)  # this chunk's: right padding ends at its own longest row
                 input_ids, attention, _ = _right_padded([prompt_ids[r] for r in chunk], [completion_ids[r] for r in chunk], pad_id, device)
-                pixels = batched([vision[r] for r in chunk] if vision is not None else None, model)
+                pixels = batched([vision[r] for r in chunk] if vision is not None else None, model, input_ids)
                 logp = [torch.log_softmax(m(input_ids=input_ids, attention_mask=attention, logits_to_keep=span + 1, **pixels).logits[:, :-1].float()
                                           / temperature, dim=-1) for m in (model, ref_model)]
                 per_position = (logp[0].exp() * (logp[0] - logp[1])).sum(dim=-1)  # (n, span)
@@ -203,5 +203,5 @@ def completion_values(value_model, prompt_ids: list[list[int]], completion_ids: 
 
     device = next(value_model.parameters()).device
     input_ids, attention, _ = _right_padded(prompt_ids, completion_ids, pad_id, device)
-    per_position = value_model(input_ids=input_ids, attention_mask=attention, **batched(vision, value_model)).logits[..., 0].float()  # (N, width)
+    per_position = value_model(input_ids=input_ids, attention_mask=attention, **batched(vision, value_model, input_ids)).logits[..., 0].float()  # (N, width)
     return _completion_positions(per_position[:, :-1], prompt_ids, completion_ids)

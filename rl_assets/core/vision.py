@@ -7,7 +7,8 @@ family adds: `image_grid_thw`, `image_sizes`, `pixel_attention_mask`).
 
 The pixel inputs of a prompt travel with its token ids as one dict (`VisionInputs`), a row of a batch
 each; `batched` joins the rows of a forward pass along the first dimension, the layout LLaVA's and Qwen2-VL's
-forwards take (one image after the other, in the order their placeholders appear in the batch; tested with LLaVA).
+forwards take (one image after the other, in the order their placeholders appear in the batch; tested with a random
+LLaVA and a random Qwen2-VL, whose 3-D rotary positions come from the token types `batched` adds).
 """
 
 from __future__ import annotations
@@ -156,11 +157,33 @@ def pixel_inputs(processor, images: list[list]) -> list[VisionInputs]:
     return rows
 
 
-def batched(rows: list[VisionInputs] | None, model) -> dict[str, torch.Tensor]:
+def has_multimodal_positions(config) -> bool:
+    """Whether a VLM puts its tokens at 3-D rotary positions (Qwen2-VL's M-RoPE): its forward computes them from which
+    tokens are image tokens (`mm_token_type_ids`), so nothing may hand it 1-D position ids.
+
+    >>> from transformers import LlamaConfig
+    >>> has_multimodal_positions(LlamaConfig()), has_multimodal_positions(LlamaConfig(rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3]}))
+    (False, True)
+    """
+    text = config.get_text_config()
+    rope = getattr(text, "rope_parameters", None) or getattr(text, "rope_scaling", None) or {}
+    return isinstance(rope, dict) and "mrope_section" in rope
+
+
+def batched(rows: list[VisionInputs] | None, model, input_ids: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
     """The pixel inputs of a batch's rows joined along the first dimension (images in row order), on `model`'s device
-    and, the floating ones, in its dtype; {} without images."""
+    and, the floating ones, in its dtype; {} without images. For a model with multimodal positions, the type of each of
+    `input_ids`' tokens too (`mm_token_type_ids`: 1 an image's, 2 a video's), as its processor gives them."""
     if not rows:
         return {}
     weight = next(model.parameters())
     joined = {key: torch.cat([row[key] for row in rows if key in row]) for key in sorted({key for row in rows for key in row})}
-    return {key: value.to(weight.device, weight.dtype if value.is_floating_point() else value.dtype) for key, value in joined.items()}
+    joined = {key: value.to(weight.device, weight.dtype if value.is_floating_point() else value.dtype) for key, value in joined.items()}
+    config = getattr(model, "config", None) or model.module.config  # under DDP or FSDP: the wrapped model's
+    if input_ids is not None and has_multimodal_positions(config):
+        kinds = torch.zeros_like(input_ids)
+        for kind, name in ((1, "image_token_id"), (2, "video_token_id")):
+            if isinstance(getattr(config, name, None), int):
+                kinds[input_ids == getattr(config, name)] = kind
+        joined["mm_token_type_ids"] = kinds
+    return joined

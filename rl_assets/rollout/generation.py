@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import torch
 from tqdm.auto import tqdm
 
-from rl_assets.core.vision import VisionInputs, batched, encode_with_images, placeholder_ids
+from rl_assets.core.vision import VisionInputs, batched, encode_with_images, has_multimodal_positions, placeholder_ids
 from rl_assets.data.prompts import encode_prompts
 
 
@@ -80,6 +80,8 @@ def prefill(model, rows: list[list[int]], input_ids: torch.Tensor, attention: to
     """
     from transformers import Cache
 
+    if has_multimodal_positions(model.config):  # its forward sets 3-D positions from the image tokens; generate() carries them on
+        return None
     firsts = [i for i, ids in enumerate(rows) if i == 0 or ids != rows[i - 1] or (vision is not None and vision[i] is not vision[i - 1])]
     index = torch.tensor(firsts, device=input_ids.device)
     mask = attention[index]
@@ -198,7 +200,7 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
                     max_new_tokens=max_new_tokens, vision=vision[start : start + batch_size] if vision else None)
                 if rows is None:  # a model with a cache of its own kind
                     rows = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
-                                          **batched(vision[start : start + batch_size] if vision else None, model))[:, width:].tolist()
+                                          **batched(vision[start : start + batch_size] if vision else None, model, input_ids))[:, width:].tolist()
             for ids, row in zip(chunk, rows):
                 completion, truncated = cut_at_eos(row, ends)
                 out.prompt_ids.append(list(ids))

@@ -353,3 +353,73 @@ def assert_the_value_model_sees_the_images(data, rollouts, metrics, vlm):
     values = [completion_values(after, prompt_ids, completion_ids, vlm[1].pad_token_id, vision=pixel_inputs(vlm[2], [picture]))[0]
               for picture in shown]
     assert not torch.allclose(values[0], values[1])
+
+
+def tiny_qwen2_vl():
+    """A random Qwen2-VL (3-D rotary positions, pixel rows with image_grid_thw) on the tiny tokenizer, and a processor that
+    expands its placeholder as Qwen2-VL's does (the real processor's video half needs torchvision, not installed here)."""
+    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+    from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
+
+    from rl_assets.core.tokenizer import build_tiny_tokenizer
+
+    tokenizer = build_tiny_tokenizer()
+    names = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
+    tokenizer.add_special_tokens({"additional_special_tokens": names})
+    ids = dict(zip(names, tokenizer.convert_tokens_to_ids(names)))
+    config = Qwen2VLConfig(
+        text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                         num_key_value_heads=1, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+                         bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                         initializer_range=0.5),  # sharp attention: positions matter
+        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
+        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
+        vision_end_token_id=ids["<|vision_end|>"])
+    torch.manual_seed(0)
+    model = Qwen2VLForConditionalGeneration(config).eval()
+
+    class Processor:
+        image_processor = Qwen2VLImageProcessorPil(min_pixels=32 * 32, max_pixels=48 * 48, patch_size=8, merge_size=2, temporal_patch_size=2)
+
+        def __init__(self):
+            self.tokenizer = tokenizer
+
+        def __call__(self, text, images=None, return_tensors="pt"):
+            pixels = dict(self.image_processor(images=images, return_tensors="pt")) if images else {}
+            prompt = text[0]
+            if images:  # one token per merged 2x2 patch
+                prompt = prompt.replace("<|image_pad|>", "<|image_pad|>" * (int(pixels["image_grid_thw"][0].prod()) // 4))
+            return {**tokenizer([prompt], return_tensors="pt"), **pixels}
+
+    return model, tokenizer, Processor()
+
+
+def test_a_qwen2_vl_layout_samples_and_scores_with_its_3d_positions():
+    """Qwen2-VL places image tokens at 3-D rotary positions computed from the token types: sampling leaves them to
+    generate(), every forward gets `mm_token_type_ids`, and the log-probs of a padded batch are those of each row alone."""
+    from rl_assets.core.vision import batched, has_multimodal_positions
+
+    model, tokenizer, processor = tiny_qwen2_vl()
+    assert has_multimodal_positions(model.config)
+    pictures_ = [[Image.new("RGB", (48, 48), (200, 10, 10))], [Image.new("RGB", (40, 48), (10, 10, 200))]]
+    prompts = ["<|vision_start|><|image_pad|><|vision_end|>How many?", "<|vision_start|><|image_pad|><|vision_end|>Count them, now!"]
+    greedy = generate(model, tokenizer, prompts, 2, greedy=True, max_new_tokens=6, images=pictures_, processor=processor)
+    assert len(greedy.prompt_ids[0]) != len(greedy.prompt_ids[2])  # a left-padded batch
+    for row in (0, 2):  # greedy decoding in the batch equals decoding one row by full forwards
+        ids = list(greedy.prompt_ids[row])
+        with torch.no_grad():
+            for _ in range(len(greedy.completion_ids[row])):
+                tensor = torch.tensor([ids])
+                logits = model(input_ids=tensor, **batched([greedy.vision[row]], model, tensor)).logits[0, -1]
+                logits[placeholder_ids(model.config)] = float("-inf")
+                ids.append(int(logits.argmax()))
+        assert ids[len(greedy.prompt_ids[row]):] == greedy.completion_ids[row]
+    sampled = generate(model, tokenizer, prompts, 2, greedy=False, max_new_tokens=6, images=pictures_, processor=processor)
+    with torch.no_grad():
+        logprobs, _ = completion_logprobs(model, sampled.prompt_ids, sampled.completion_ids, tokenizer.pad_token_id, vision=sampled.vision)
+        for row in range(4):  # right-padded rows score as each row alone
+            ids = torch.tensor([sampled.prompt_ids[row] + sampled.completion_ids[row]])
+            alone = model(input_ids=ids, **batched([sampled.vision[row]], model, ids)).logits[0].log_softmax(-1)
+            start = len(sampled.prompt_ids[row]) - 1
+            expected = [alone[start + j, token].item() for j, token in enumerate(sampled.completion_ids[row])]
+            assert logprobs[row, : len(expected)].tolist() == pytest.approx(expected, abs=1e-5)
