@@ -7,6 +7,7 @@ and the model classes (~5 s a step on a laptop CPU).
 from __future__ import annotations
 
 import string
+from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
 from transformers import PreTrainedTokenizerFast
@@ -35,12 +36,18 @@ def build_tiny_tokenizer(images: bool = False) -> PreTrainedTokenizerFast:
 
 
 def load_tokenizer(params: ModelParams):
-    """The base model's tokenizer (cheap: no weights are loaded), with pad = eos where the model has no pad token."""
+    """The base model's tokenizer (cheap: no weights are loaded), with pad = eos where the model has no pad token.
+    A VLM folder's tokenizer names its processor's image placeholder (`tokenizer.image_token`), which prompts place."""
     if params.name_or_path == "tiny":
         return build_tiny_tokenizer(images=params.vision is not None)
     from transformers import AutoTokenizer  # imports torch: only for a real model's tokenizer
 
+    from rl_assets.core.vision import saved_processor
+
     tokenizer = AutoTokenizer.from_pretrained(params.name_or_path)
+    processor = saved_processor(params.name_or_path) if Path(params.name_or_path).is_dir() else None
+    if getattr(tokenizer, "image_token", None) is None and getattr(processor, "image_token", None) is not None:
+        tokenizer = AutoTokenizer.from_pretrained(params.name_or_path, extra_special_tokens={"image_token": processor.image_token})
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer

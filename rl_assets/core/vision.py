@@ -8,7 +8,7 @@ family adds: `image_grid_thw`, `image_sizes`, `pixel_attention_mask`).
 The pixel inputs of a prompt travel with its token ids as one dict (`VisionInputs`), a row of a batch
 each; `batched` joins the rows of a forward pass along the first dimension, the layout LLaVA's and Qwen2-VL's
 forwards take (one image after the other, in the order their placeholders appear in the batch; tested with a random
-LLaVA and a random Qwen2-VL, whose 3-D rotary positions come from the token types `batched` adds).
+LLaVA, Qwen2-VL, whose 3-D rotary positions come from the token types `batched` adds, and Idefics3).
 """
 
 from __future__ import annotations
