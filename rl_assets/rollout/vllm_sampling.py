@@ -20,16 +20,19 @@ def vllm_available() -> bool:
     return importlib.util.find_spec("vllm") is not None
 
 
-def resolve_engine(requested: str, device: str) -> str:
-    """auto: vLLM on a GPU when installed, else transformers; an explicit vllm without vLLM is an error.
+def resolve_engine(requested: str, device: str, vision: bool = False) -> str:
+    """auto: vLLM on a GPU when installed, else transformers, which also samples a vision-language policy (`vision`: its
+    images do not go through vLLM yet); an explicit vllm without vLLM, or with a vision-language policy, is an error.
 
-    >>> resolve_engine("auto", "cpu")
-    'transformers'
+    >>> resolve_engine("auto", "cpu"), resolve_engine("auto", "cuda:0", vision=True)
+    ('transformers', 'transformers')
     """
+    if requested == "vllm" and vision:
+        raise ValueError("rollouts.engine: vllm does not sample a vision-language policy yet (its images); use engine: auto or transformers")
     if requested == "vllm" and not vllm_available():
         raise ValueError("rollouts.engine: vllm is not installed (pip install 'rl-assets[vllm]'), or use engine: transformers")
     if requested == "auto":
-        return "vllm" if device.startswith("cuda") and vllm_available() else "transformers"
+        return "vllm" if device.startswith("cuda") and vllm_available() and not vision else "transformers"
     return requested
 
 

@@ -451,3 +451,11 @@ def test_other_vlm_layouts_sample_and_score_each_row_as_alone(family):
             start = len(sampled.prompt_ids[row]) - 1
             expected = [alone[start + j, token].item() for j, token in enumerate(sampled.completion_ids[row])]
             assert logprobs[row, : len(expected)].tolist() == pytest.approx(expected, abs=1e-5)
+
+
+def test_a_vision_language_policy_samples_with_transformers_where_auto_would_pick_vllm():
+    from rl_assets.rollout.vllm_sampling import resolve_engine
+
+    assert resolve_engine("auto", "cuda:0", vision=True) == "transformers"  # on a GPU with vLLM installed too
+    with pytest.raises(ValueError, match="vllm does not sample a vision-language policy yet"):
+        resolve_engine("vllm", "cuda:0", vision=True)
