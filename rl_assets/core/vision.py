@@ -64,19 +64,30 @@ def folder_is_vision_model(folder: str | Path) -> bool:
 
 def tokens_per_image(model) -> int:
     """How many tokens one image's placeholder expands into for the policy `model` (the params' model section) names: the
-    embedded VLM's patches, a VLM folder's fixed `image_seq_length` (LLaVA); 1, the placeholder alone, for a text model
-    or a VLM whose count depends on the picture's size (Qwen2-VL).
+    embedded VLM's patches, or what a VLM folder's processor makes of one blank picture, when a picture twice that size
+    gives as many (LLaVA, Idefics3 without splitting); 1, the placeholder alone, for a text model or a VLM whose count
+    depends on the picture's size (Qwen2-VL).
 
     >>> from rl_assets.core.config import ModelParams
     >>> tokens_per_image(ModelParams(vision={"image_size": 48, "patch_size": 8})), tokens_per_image(ModelParams())
     (36, 1)
     """
-    import json
-
     if model.vision is not None:
         return (model.vision.image_size // model.vision.patch_size) ** 2
-    config = Path(model.name_or_path) / "config.json"
-    return int(json.loads(config.read_text()).get("image_seq_length") or 1) if config.is_file() else 1
+    processor = saved_processor(model.name_or_path) if Path(model.name_or_path).is_dir() else None
+    placeholder = getattr(processor, "image_token", None)
+    if placeholder is None:
+        return 1
+    import json
+
+    from PIL import Image
+
+    vision = json.loads((Path(model.name_or_path) / "config.json").read_text()).get("vision_config") or {}
+    side = int(vision.get("image_size") or 224)
+    bare = len(processor(text=[""], return_tensors="pt")["input_ids"][0])
+    counts = {len(processor(text=[placeholder], images=[Image.new("RGB", (size, size))], return_tensors="pt")["input_ids"][0]) - bare
+              for size in (side, 2 * side)}
+    return counts.pop() if len(counts) == 1 else 1
 
 
 def build_tiny_vlm(text_config, vision, image_token_id: int, seed: int):
