@@ -458,3 +458,30 @@ def test_a_vision_language_policy_samples_with_transformers_where_auto_would_pic
     assert resolve_engine("auto", "cuda:0", vision=True) == "transformers"  # on a GPU with vLLM installed too
     with pytest.raises(ValueError, match="vllm does not sample a vision-language policy yet"):
         resolve_engine("vllm", "cuda:0", vision=True)
+
+
+def test_a_lora_value_model_of_a_vlm_loads_back_with_the_same_estimates(tmp_path, vlm):
+    """ppo.critic_lora on a VLM: adapters on its multimodal body and a trainable head, saved as adapters and loaded back on
+    the body they started from, give the same estimates of a prompt with its picture."""
+    from rl_assets.core.checkpoints import save_checkpoint
+    from rl_assets.core.config import LoraParams
+    from rl_assets.core.logprobs import completion_values
+    from rl_assets.train.critic import VisionValueModel, load_critic
+
+    model, tokenizer, processor = vlm
+    save_checkpoint(model, tokenizer, tmp_path / "r00", {"round": 0})
+    lora = LoraParams(enabled=True, merge=False)
+    critic = load_critic(tmp_path / "r00", start="policy", lora=lora)
+    with torch.no_grad():
+        for name, parameter in critic.named_parameters():
+            if parameter.requires_grad:  # as if trained: the adapters and the head away from their zero starts
+                parameter.normal_(0, 0.1)
+    save_checkpoint(critic, tokenizer, tmp_path / "critic", {"round": 1, "kind": "critic", "start": "policy"}, lora=lora)
+    again = load_critic(tmp_path / "critic")
+    assert isinstance(again.get_base_model(), VisionValueModel)
+    prompts, shown = pictures(1)
+    ids, vision = encode_with_images(processor, ["<image>" + prompts[0]], shown)
+    with torch.no_grad():
+        before = completion_values(critic, ids, [[5, 6]], tokenizer.pad_token_id, vision=vision)[0]
+        after = completion_values(again, ids, [[5, 6]], tokenizer.pad_token_id, vision=vision)[0]
+    assert before.abs().sum() > 0 and torch.allclose(before, after, atol=1e-5)
