@@ -434,8 +434,6 @@ class Params(Section):
         if self.model.vision is not None and self.train.algorithm == "ppo" and self.train.ppo.critic_init == "reward_model":
             raise ValueError("train.ppo.critic_init: reward_model reads text only, and the policy reads images (model.vision); "
                              "use critic_init: policy")
-        if self.model.vision is not None and self.rollouts.episodes is not None:
-            raise ValueError("rollouts: tools and environments do not show a vision-language policy its images yet (model.vision)")
         return self
 
     @model_validator(mode="after")

@@ -84,7 +84,7 @@ def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: Evaluation
     for mode, samples in modes:
         if rollouts is not None and rollouts.episodes is not None:
             out = _episodes(model, tokenizer, held_out, samples, rollouts, greedy=mode == "greedy", temperature=params.temperature,
-                            max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast)
+                            max_new_tokens=params.max_new_tokens, seed=seed, autocast=autocast, images=images, processor=processor)
         else:
             out = generate(model, tokenizer, prompts, samples, greedy=mode == "greedy", temperature=params.temperature,
                            max_new_tokens=params.max_new_tokens, batch_size=params.batch_size, seed=seed, autocast=autocast,

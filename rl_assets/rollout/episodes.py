@@ -11,6 +11,8 @@ One token sequence per episode, after the prompt: `completion_ids` interleaves p
 environment tokens and `completion_mask` tells them apart (1 = policy), so the log-prob pass, the
 loss and the KL see the episode exactly as it was sampled and train on the policy's tokens only.
 Episodes of a batch advance turn by turn together, so each turn is one batched `generate`.
+A vision-language policy sees a row's images in every turn: its processor expands the first observation's
+placeholders (added before the text where the environment wrote none) and each turn's forward gets the pixels.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class Episode:
     sample_idx: int
     environment: object
     prompt_ids: list[int] = field(default_factory=list)
+    vision: dict = field(default_factory=dict)  # the row's pixel inputs (a vision-language policy), {} without images
     ids: list[int] = field(default_factory=list)  # after the prompt: policy and environment tokens
     mask: list[int] = field(default_factory=list)  # 1 where the policy wrote the token
     turns: list[dict] = field(default_factory=list)  # {"role", "text", "start", "end"}: positions in `ids`
@@ -65,6 +68,7 @@ class Episodes:
     num_turns: list[int]
     environment_rewards: list[str]  # JSON objects
     sampler_logprobs: None = None
+    vision: list | None = None  # each episode's pixel inputs (a vision-language policy)
 
 
 def end_of_turn(ids: list[int], tokenizer, eos_ids: set[int], stop_strings: tuple[str, ...]) -> tuple[list[int], bool]:
@@ -126,10 +130,13 @@ def _call(episode: Episode, name: str, what: Callable, turn: int | None):
 
 def sample_episodes(model, tokenizer, rows: list[dict], samples_per_prompt: int, make_environment: Callable, environment_name: str, *,
                     greedy: bool, temperature: float, top_p: float, max_new_tokens: int, max_turns: int, max_tokens: int,
-                    batch_size: int, seed: int, eos_ids: list[int], autocast=None) -> Episodes:
-    """`samples_per_prompt` episodes for each prompts row, `max_new_tokens` policy tokens a turn at most."""
+                    batch_size: int, seed: int, eos_ids: list[int], autocast=None, images: list[list] | None = None,
+                    processor=None) -> Episodes:
+    """`samples_per_prompt` episodes for each prompts row, `max_new_tokens` policy tokens a turn at most. `images`: each
+    row's PIL images, shown through a vision-language policy's `processor`."""
     import contextlib
 
+    from rl_assets.core.vision import batched, encode_with_images, placeholder_ids
     from rl_assets.rollout.generation import plain_generation_defaults, sampling_config
 
     torch.manual_seed(seed)
@@ -137,11 +144,17 @@ def sample_episodes(model, tokenizer, rows: list[dict], samples_per_prompt: int,
     context_limit = getattr(model.config.get_text_config(), "max_position_embeddings", None) or 10**9
     eos_text = tokenizer.decode([eos_ids[0]]) if eos_ids else None
     episodes = []
-    for row in rows:
+    for index, row in enumerate(rows):
+        shown = images[index] if images is not None else []
         for sample in range(samples_per_prompt):
             episode = Episode(row, sample, make_environment())
             first = _call(episode, environment_name, lambda: episode.environment.reset(dict(row)), None)
-            episode.prompt_ids = encode_prompts(tokenizer, [first])[0]
+            if shown:
+                placeholder = processor.image_token
+                first = first if placeholder in first else placeholder * len(shown) + first
+                (episode.prompt_ids,), (episode.vision,) = encode_with_images(processor, [first], [shown])
+            else:
+                episode.prompt_ids = encode_prompts(tokenizer, [first])[0]
             episodes.append(episode)
     stops = tuple(getattr(episodes[0].environment, "stop_strings", ())) if episodes else ()
     ends = set(eos_ids)
@@ -154,11 +167,13 @@ def sample_episodes(model, tokenizer, rows: list[dict], samples_per_prompt: int,
                 budgets = [min(max_new_tokens, max_tokens - e.policy_tokens, context_limit - len(c)) for e, c in zip(chunk, contexts)]
                 width = max(map(len, contexts))
                 config = sampling_config(eos_ids, tokenizer.pad_token_id, greedy=greedy, temperature=temperature, top_p=top_p,
-                                         max_new_tokens=max(1, max(budgets)))
+                                         max_new_tokens=max(1, max(budgets)), suppress=placeholder_ids(model.config))
                 input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(c)) + c for c in contexts], device=device)
                 attention = torch.tensor([[0] * (width - len(c)) + [1] * len(c) for c in contexts], device=device)
                 criteria = [_StopStrings(tokenizer, stops, width)] if stops else None
-                generated = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config, stopping_criteria=criteria)
+                pixels = batched([e.vision for e in chunk], model, input_ids) if any(e.vision for e in chunk) else {}
+                generated = model.generate(input_ids=input_ids, attention_mask=attention, generation_config=config, stopping_criteria=criteria,
+                                           **pixels)
                 for episode, budget, new in zip(chunk, budgets, generated[:, width:].tolist()):
                     _advance(episode, new[: max(budget, 0)], turn, tokenizer, ends, stops, environment_name, eos_text,
                              out_of_room=budget < 1 or episode.policy_tokens + budget >= max_tokens or len(episode.prompt_ids + episode.ids) + budget >= context_limit)
@@ -170,7 +185,8 @@ def sample_episodes(model, tokenizer, rows: list[dict], samples_per_prompt: int,
         texts=[tokenizer.decode(e.ids, skip_special_tokens=True) for e in episodes], truncated=[e.truncated for e in episodes],
         completion_mask=[e.mask for e in episodes], turns=[e.turns for e in episodes], tool_calls=[e.tool_calls for e in episodes],
         num_turns=[sum(t["role"] == "assistant" for t in e.turns) for e in episodes],
-        environment_rewards=[json.dumps(e.rewards, sort_keys=True) for e in episodes])
+        environment_rewards=[json.dumps(e.rewards, sort_keys=True) for e in episodes],
+        vision=[e.vision for e in episodes] if any(e.vision for e in episodes) else None)
 
 
 def _advance(episode: Episode, new: list[int], turn: int, tokenizer, ends: set[int], stops: tuple[str, ...], name: str,

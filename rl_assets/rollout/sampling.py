@@ -48,8 +48,6 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
     device = str(next(model.parameters()).device)
     images, vision = None, is_vision_model(model.config)
     if vision and "image_ids" in chosen.column_names:
-        if params.episodes is not None:
-            raise ValueError("a vision-language policy samples one turn: no tools or environment (images in episodes are not supported yet)")
         images = open_images([ids or [] for ids in chosen["image_ids"].to_pylist()], images_dir)
     if params.episodes is not None:  # tools or an environment: multi-turn episodes (rl_assets.rollout.episodes)
         from rl_assets.rollout.environments import load_environment
@@ -59,7 +57,7 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
         result = sample_episodes(model, tokenizer, chosen.to_pylist(), G, load_environment(name, options), name, greedy=False,
                                  temperature=params.temperature, top_p=params.top_p, max_new_tokens=params.max_new_tokens,
                                  max_turns=params.max_turns, max_tokens=params.max_episode_tokens, batch_size=params.batch_size,
-                                 seed=sample_seed, eos_ids=eos_token_ids(model, tokenizer), autocast=autocast)
+                                 seed=sample_seed, eos_ids=eos_token_ids(model, tokenizer), autocast=autocast, images=images, processor=processor)
     elif model_path is not None and resolve_engine(params.engine, device, vision=vision) == "vllm":
         engine = loaded.engine if loaded is not None and loaded.engine is not None else VllmEngine(model_path, seed=sample_seed)
         if loaded is not None:

@@ -78,7 +78,6 @@ def test_sampling_sees_the_image_and_the_stored_logprobs_are_the_models(vlm):
 
 @pytest.mark.parametrize("override, message", [
     ("train.algorithm=ppo train.ppo.critic_init=reward_model", "critic_init: reward_model reads text only, and the policy reads images"),
-    ("rollouts.tools=[calculator]", "tools and environments do not show a vision-language policy its images yet"),
 ])
 def test_what_does_not_take_images_yet_is_refused_up_front(tmp_path, override, message):
     from rl_assets.core.config import ParamsError
@@ -99,7 +98,7 @@ def test_vision_shapes_only_the_embedded_model():
         ModelParams(vision={"image_size": 32, "patch_size": 5})
 
 
-@pytest.mark.parametrize("policy", ["embedded", "folder", "smolvlm folder", "frozen vision", "dpo", "rft", "ppo"])
+@pytest.mark.parametrize("policy", ["embedded", "folder", "smolvlm folder", "frozen vision", "dpo", "rft", "ppo", "environment"])
 def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(tmp_path, policy, vlm):
     """count_shapes through raw_data, prompts, r00, one round and the evaluation, stage by stage: the embedded VLM warm-started
     on the images, or a VLM folder with a processor of its own (as a hub VLM comes), which every checkpoint keeps; GRPO,
@@ -133,7 +132,9 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
                                   "columns": {"image": "image"}}]},
         "prompts": {"eval_fraction": 0.25, "sft_fraction": 0.3, "max_prompt_tokens": 96},
         "sft": {"enabled": policy == "embedded", "max_steps": 6, "batch_size": 4, "learning_rate": 3.0e-3},
-        "rollouts": {"prompts_per_round": 6, "samples_per_prompt": 4, "max_new_tokens": 3, "batch_size": 32},
+        "rollouts": {"prompts_per_round": 6, "samples_per_prompt": 4, "max_new_tokens": 3, "batch_size": 32,
+                     **({"environment": {"name": "guess_the_number", "options": {"low": 1, "high": 6}}, "max_turns": 3}
+                        if policy == "environment" else {})},
         "rewards": {"functions": [{"name": "arithmetic_answer", "weight": 1.0},  # a digit anywhere: rewards that differ from the first round
                                   {"name": "format_regex", "weight": 1.0, "options": {"pattern": "[0-9]", "search": True}}]},
         "train": {"algorithm": algorithm, "learning_rate": 1.0e-2, "epochs": 1, "minibatch_size": 8, "freeze_vision": policy == "frozen vision",
@@ -179,6 +180,9 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     assert all(ids.count(image_token) == per_image for ids in rollouts["prompt_ids"].to_pylist())
     length = dict(zip(prompts["prompt_id"].to_pylist(), prompts["n_tokens"].to_pylist()))  # the image's tokens counted, not 1
     assert all(length[pid] == len(ids) for pid, ids in zip(rollouts["prompt_id"].to_pylist(), rollouts["prompt_ids"].to_pylist()))
+    if policy == "environment":  # turns after the first: the game's answers, tokens the policy did not write, after the picture
+        masks = rollouts["completion_mask"].to_pylist()
+        assert max(rollouts["num_turns"].to_pylist()) > 1 and any(0 in mask for mask in masks)
     metrics = read_lineage(r01)["metrics"]
     if algorithm in ("grpo", "ppo"):
         assert metrics["steps"] == 3 and metrics["grad_norm"] > 0 and metrics["equal_reward_group_share"] < 1
@@ -485,3 +489,34 @@ def test_a_lora_value_model_of_a_vlm_loads_back_with_the_same_estimates(tmp_path
         before = completion_values(critic, ids, [[5, 6]], tokenizer.pad_token_id, vision=vision)[0]
         after = completion_values(again, ids, [[5, 6]], tokenizer.pad_token_id, vision=vision)[0]
     assert before.abs().sum() > 0 and torch.allclose(before, after, atol=1e-5)
+
+
+def test_every_turn_of_an_episode_shows_the_policy_its_pictures(vlm, monkeypatch):
+    """Episodes with images: each turn's generate() gets every row's pixels, and the first turn decodes as single-turn
+    sampling does (which equals decoding by full forwards with the pixels, tested above)."""
+    from rl_assets.rollout.environments import load_environment
+    from rl_assets.rollout.episodes import sample_episodes
+
+    model, tokenizer, processor = vlm
+    prompts, shown = pictures(3)
+    rows = [{"prompt_id": f"p{i}", "prompt": "<image>" + prompt, "answer": "3"} for i, prompt in enumerate(prompts)]
+    calls = []
+    generate_ = model.generate
+
+    def recording(*args, **kwargs):
+        calls.append((kwargs["input_ids"].shape[0], kwargs.get("pixel_values")))
+        return generate_(*args, **kwargs)
+
+    monkeypatch.setattr(model, "generate", recording)
+    out = sample_episodes(model, tokenizer, rows, 2, load_environment("guess_the_number", {"low": 1, "high": 6}), "guess_the_number",
+                          greedy=True, temperature=1.0, top_p=1.0, max_new_tokens=3, max_turns=3, max_tokens=32, batch_size=8, seed=0,
+                          eos_ids=[tokenizer.eos_token_id], images=shown, processor=processor)
+    assert len(calls) >= 2  # more than one turn
+    assert all(pixels is not None and pixels.shape[0] == rows_ for rows_, pixels in calls)  # one picture a row, every turn
+    assert len(out.vision) == 6 and all("pixel_values" in inputs for inputs in out.vision)
+    monkeypatch.undo()
+    single = generate(model, tokenizer, [row["prompt"] for row in rows], 2, greedy=True, max_new_tokens=3, images=shown, processor=processor)
+    assert out.prompt_ids == single.prompt_ids
+    for episode, completion, turns in zip(out.completion_ids, single.completion_ids, [t for t in out.turns]):
+        first = turns[0]
+        assert episode[first["start"] : first["end"]] == completion[: first["end"] - first["start"]]
