@@ -97,7 +97,7 @@ def project_code(stage: str) -> list[str]:
     has them (`rl_assets/...`, what DVC lists and hashes), or absolute when the package is installed elsewhere.
 
     >>> project_code("prompts")
-    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/config.py', 'rl_assets/core/run_params.py', 'rl_assets/core/schemas.py', 'rl_assets/core/sections.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/data/__init__.py', 'rl_assets/data/prompts.py']
+    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/config.py', 'rl_assets/core/run_params.py', 'rl_assets/core/schemas.py', 'rl_assets/core/sections.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/core/vision.py', 'rl_assets/data/__init__.py', 'rl_assets/data/prompts.py']
     """
     files = _expanded(STAGE_TABLE[stage].code)
     if (Path.cwd() / PACKAGE).is_dir():  # the project's own copy of the code (a run's cwd is its root)

@@ -42,8 +42,6 @@ def load_tokenizer(params: ModelParams):
         return build_tiny_tokenizer(images=params.vision is not None)
     from transformers import AutoTokenizer  # imports torch: only for a real model's tokenizer
 
-    from rl_assets.core.vision import saved_processor
-
     tokenizer = AutoTokenizer.from_pretrained(params.name_or_path)
     processor = saved_processor(params.name_or_path) if Path(params.name_or_path).is_dir() else None
     if getattr(tokenizer, "image_token", None) is None and getattr(processor, "image_token", None) is not None:
@@ -51,3 +49,15 @@ def load_tokenizer(params: ModelParams):
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return tokenizer
+
+
+PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+
+
+def saved_processor(folder: str | Path | None):
+    """The processor saved in a model folder (a hub VLM's, and every checkpoint made from one), else None."""
+    if folder is not None and any((Path(folder) / name).is_file() for name in PROCESSOR_FILES):
+        from transformers import AutoProcessor
+
+        return AutoProcessor.from_pretrained(folder)
+    return None

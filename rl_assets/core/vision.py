@@ -17,9 +17,7 @@ from pathlib import Path
 
 import torch
 
-from rl_assets.core.tokenizer import IMAGE_TOKEN
-
-PROCESSOR_FILES = ("processor_config.json", "preprocessor_config.json")
+from rl_assets.core.tokenizer import IMAGE_TOKEN, saved_processor
 
 VisionInputs = dict[str, torch.Tensor]  # one prompt's pixel inputs; {} for a prompt without images
 
@@ -112,15 +110,6 @@ def tiny_processor(tokenizer, config):
     images = SiglipImageProcessorPil(size={"height": side, "width": side})
     return LlavaProcessor(image_processor=images, tokenizer=tokenizer, patch_size=config.vision_config.patch_size,
                           vision_feature_select_strategy="full", image_token=IMAGE_TOKEN, num_additional_image_tokens=0)
-
-
-def saved_processor(folder: str | Path | None):
-    """The processor saved in a model folder (a hub VLM's, and every checkpoint made from one), else None."""
-    if folder is not None and any((Path(folder) / name).is_file() for name in PROCESSOR_FILES):
-        from transformers import AutoProcessor
-
-        return AutoProcessor.from_pretrained(folder)
-    return None
 
 
 def load_processor(folder: str | Path | None, tokenizer, config):

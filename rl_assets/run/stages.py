@@ -36,7 +36,8 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
     """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_base_model, load_policy
-    from rl_assets.core.vision import folder_is_vision_model, saved_processor
+    from rl_assets.core.tokenizer import saved_processor
+    from rl_assets.core.vision import folder_is_vision_model
     from rl_assets.data.prompts import require_text_prompts
     from rl_assets.eval.promotion import warm_start_path
     from rl_assets.train.sft import warm_start
@@ -158,7 +159,8 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_trainable_policy
-    from rl_assets.core.vision import freeze_vision, pixel_inputs, saved_processor
+    from rl_assets.core.tokenizer import saved_processor
+    from rl_assets.core.vision import freeze_vision, pixel_inputs
     from rl_assets.train.train_state import fingerprint, save_carried_optimizer
 
     prefix = round_prefix(round_number)
@@ -299,7 +301,8 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
     """rNN/critic: the value model of PPO, its parent fitted to this round's returns (rl_assets.train.critic)."""
     from transformers import AutoConfig, AutoTokenizer
 
-    from rl_assets.core.vision import pixel_inputs, saved_processor
+    from rl_assets.core.tokenizer import saved_processor
+    from rl_assets.core.vision import pixel_inputs
     from rl_assets.train.critic import CRITIC_KIND, train_critic
 
     data, prefix = data_dir(params.experiment, root), round_prefix(round_number)
