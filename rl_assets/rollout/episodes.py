@@ -146,13 +146,16 @@ def sample_episodes(model, tokenizer, rows: list[dict], samples_per_prompt: int,
     episodes = []
     for index, row in enumerate(rows):
         shown = images[index] if images is not None else []
+        encoded = {}  # a row's samples mostly start from the same observation: its images are processed once
         for sample in range(samples_per_prompt):
             episode = Episode(row, sample, make_environment())
             first = _call(episode, environment_name, lambda: episode.environment.reset(dict(row)), None)
             if shown:
                 placeholder = processor.image_token
                 first = first if placeholder in first else placeholder * len(shown) + first
-                (episode.prompt_ids,), (episode.vision,) = encode_with_images(processor, [first], [shown])
+                if first not in encoded:
+                    encoded[first] = encode_with_images(processor, [first], [shown])
+                (episode.prompt_ids,), (episode.vision,) = encoded[first]
             else:
                 episode.prompt_ids = encode_prompts(tokenizer, [first])[0]
             episodes.append(episode)

@@ -143,16 +143,19 @@ def run_rewards(params: Params, round_number: int, root: Path) -> dict:
     return {"path": str(path), **summarize_rewards(table, params.rollouts.samples_per_prompt)}
 
 
-def round_images(config, tokenizer, saved_processor, table: pa.Table, data: Path) -> tuple[list[list] | None, object]:
-    """(each row's PIL images, read from <data>/images, and the policy's processor: the one saved with it, else the
-    embedded VLM's) for a vision-language policy whose table shows images; else (None, None)."""
-    from rl_assets.core.vision import is_vision_model, tiny_processor
+def round_images(config, tokenizer, saved_processor, table: pa.Table, data: Path) -> tuple[list[list] | None, object, list | None]:
+    """(each row's PIL images, read from <data>/images; the policy's processor: `saved_processor`, the one saved with it, else
+    the embedded VLM's; each row's pixel inputs) for a vision-language policy whose table shows images; else (None, None, None).
+    The caller loads the saved processor, as run_train passes it on to the checkpoint too."""
+    from rl_assets.core.vision import is_vision_model, pixel_inputs, tiny_processor
 
     if not is_vision_model(config) or "image_ids" not in table.column_names or not any(table["image_ids"].to_pylist()):
-        return None, None
+        return None, None, None
     from rl_assets.data.images import open_images
 
-    return open_images(table["image_ids"].to_pylist(), data / IMAGES), saved_processor or tiny_processor(tokenizer, config)
+    images = open_images(table["image_ids"].to_pylist(), data / IMAGES)
+    processor = saved_processor or tiny_processor(tokenizer, config)
+    return images, processor, pixel_inputs(processor, images)
 
 
 def run_train(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
@@ -160,7 +163,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_trainable_policy
     from rl_assets.core.tokenizer import saved_processor
-    from rl_assets.core.vision import freeze_vision, pixel_inputs
+    from rl_assets.core.vision import freeze_vision
     from rl_assets.train.train_state import fingerprint, save_carried_optimizer
 
     prefix = round_prefix(round_number)
@@ -179,8 +182,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     seed = params.seed * 1000 + round_number
     ref_model = optimizer_state = None
     kept_processor = saved_processor(parent)  # a hub VLM's, passed on to the checkpoint
-    images, processor = round_images(model.config, tokenizer, kept_processor, rollouts, data)
-    vision = pixel_inputs(processor, images) if images is not None else None
+    images, processor, vision = round_images(model.config, tokenizer, kept_processor, rollouts, data)
     if train.algorithm in ("dpo", "rft"):
         from rl_assets.train.preference import train_dpo, train_rft
 
@@ -302,7 +304,6 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
     from transformers import AutoConfig, AutoTokenizer
 
     from rl_assets.core.tokenizer import saved_processor
-    from rl_assets.core.vision import pixel_inputs
     from rl_assets.train.critic import CRITIC_KIND, train_critic
 
     data, prefix = data_dir(params.experiment, root), round_prefix(round_number)
@@ -310,8 +311,7 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
     rollouts, rewards = read_table(rollouts_path, "rollouts"), read_table(rewards_path, "rewards")
     base = output_path(checkpoint_key(0), data)
     tokenizer = AutoTokenizer.from_pretrained(base)
-    images, processor = round_images(AutoConfig.from_pretrained(base), tokenizer, saved_processor(base), rollouts, data)
-    vision = pixel_inputs(processor, images) if images is not None else None  # the pixels the policy saw
+    _, _, vision = round_images(AutoConfig.from_pretrained(base), tokenizer, saved_processor(base), rollouts, data)  # the pixels the policy saw
     targets, critic, parent, start = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id,
                                                        take=True, vision=vision)
     from rl_assets.train.train_state import fingerprint

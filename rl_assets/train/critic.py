@@ -15,6 +15,7 @@ and rescoring a round makes both stale and nothing earlier.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,12 +40,18 @@ class VisionValueModel:
 def vision_value_model(config):
     """The value model class of a vision-language policy's config: its multimodal body (`AutoModel`: vision tower, projector,
     language model; the `model.*` weights of the policy's folder) and a one-output `score` head over the language model's
-    hidden states, as `AutoModelForTokenClassification` puts on a text model. Its forward takes the pixel inputs."""
+    hidden states, as `AutoModelForTokenClassification` puts on a text model. Its forward takes the pixel inputs.
+    One class per config type, made once: equal configs load as one architecture."""
+    return _vision_value_model(type(config))
+
+
+@functools.cache
+def _vision_value_model(config_type):
     from transformers import AutoModel, PreTrainedModel
     from transformers.modeling_outputs import TokenClassifierOutput
 
     class Model(VisionValueModel, PreTrainedModel):
-        config_class = type(config)
+        config_class = config_type
         base_model_prefix = "model"
         supports_gradient_checkpointing = True
         _supports_sdpa = _supports_flash_attn = True
@@ -60,7 +67,7 @@ def vision_value_model(config):
             hidden = self.model(input_ids=input_ids, attention_mask=attention_mask, **inputs).last_hidden_state
             return TokenClassifierOutput(logits=self.score(hidden))
 
-    Model.__name__ = Model.__qualname__ = f"{type(config).__name__.removesuffix('Config')}ValueModel"
+    Model.__name__ = Model.__qualname__ = f"{config_type.__name__.removesuffix('Config')}ValueModel"
     return Model
 
 

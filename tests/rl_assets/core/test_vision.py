@@ -507,10 +507,23 @@ def test_every_turn_of_an_episode_shows_the_policy_its_pictures(vlm, monkeypatch
         calls.append((kwargs["input_ids"].shape[0], kwargs.get("pixel_values")))
         return generate_(*args, **kwargs)
 
+    class Counting:  # the processor, counting its calls
+        def __init__(self):
+            self.calls = 0
+
+        def __getattr__(self, name):
+            return getattr(processor, name)
+
+        def __call__(self, *args, **kwargs):
+            self.calls += 1
+            return processor(*args, **kwargs)
+
     monkeypatch.setattr(model, "generate", recording)
+    counting = Counting()
     out = sample_episodes(model, tokenizer, rows, 2, load_environment("guess_the_number", {"low": 1, "high": 6}), "guess_the_number",
                           greedy=True, temperature=1.0, top_p=1.0, max_new_tokens=3, max_turns=3, max_tokens=32, batch_size=8, seed=0,
-                          eos_ids=[tokenizer.eos_token_id], images=shown, processor=processor)
+                          eos_ids=[tokenizer.eos_token_id], images=shown, processor=counting)
+    assert counting.calls == 3  # a row's two samples start from the same observation: its picture is processed once
     assert len(calls) >= 2  # more than one turn
     assert all(pixels is not None and pixels.shape[0] == rows_ for rows_, pixels in calls)  # one picture a row, every turn
     assert len(out.vision) == 6 and all("pixel_values" in inputs for inputs in out.vision)
@@ -520,3 +533,14 @@ def test_every_turn_of_an_episode_shows_the_policy_its_pictures(vlm, monkeypatch
     for episode, completion, turns in zip(out.completion_ids, single.completion_ids, [t for t in out.turns]):
         first = turns[0]
         assert episode[first["start"] : first["end"]] == completion[: first["end"] - first["start"]]
+
+
+def test_a_vlm_config_type_has_one_value_model_class(vlm):
+    """Made once per config type: every load_critic of a VLM's value model gives instances of one class."""
+    import copy
+
+    from rl_assets.train.critic import vision_value_model
+
+    model = vlm[0]
+    assert vision_value_model(model.config) is vision_value_model(copy.deepcopy(model.config))
+    assert vision_value_model(model.config).__name__ == "LlavaValueModel"
