@@ -189,7 +189,7 @@ class RolloutsParams(Section):
     top_p: float = Field(1.0, gt=0, le=1.0, description="Nucleus sampling threshold.")
     max_new_tokens: int = Field(8, ge=1, description="Completion length cap; longer completions are truncated.")
     batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
-    logprob_batch_size: int = Field(64, ge=1, description="Sequences per forward pass when recomputing the stored log-probs (memory grows with it).")
+    logprob_batch_size: int = Field(64, ge=1, description="Sequences per forward pass when recomputing the stored log-probs (on a GPU memory grows with it; a CPU pass keeps its logits under 2^25 values).")
     engine: Literal["auto", "transformers", "vllm"] = Field("auto", description="auto: vLLM on a GPU when installed, else batched transformers generate.")
     tools: list[str] = Field(default_factory=list, description="Tools the policy may call (built in: calculator, python; or module:function "
                                                                "with type hints and a docstring): rollouts become episodes of calls and results.")

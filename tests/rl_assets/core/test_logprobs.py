@@ -74,3 +74,28 @@ def test_no_grad_and_frozen_embeddings_take_the_token_ids():
     model.get_input_embeddings().weight.requires_grad_(True)
     trained, _ = completion_logprobs(model, PROMPTS, COMPLETIONS, pad_id)
     assert torch.allclose(plain * mask, trained.detach() * mask, atol=1e-6)
+
+
+def test_a_pass_without_gradients_takes_a_few_rows_at_a_time_within_the_logits_bound(monkeypatch):
+    """On a CPU, without a graph to keep, rows go through the model a few at a time so each forward's logits stay
+    within PLAIN_LOGITS_MAX (TRL's fused head, past it, makes tile temporaries of GBs): the same log-probs as each row
+    alone, one forward per chunk, none through the fused head."""
+    import rl_assets.core.logprobs as logprobs
+
+    model = new_tiny_model(seed=3).eval()
+    vocab = model.config.vocab_size
+    keep = max(len(p) + len(c) for p, c in zip(PROMPTS, COMPLETIONS)) - min(map(len, PROMPTS)) + 1
+    monkeypatch.setattr(logprobs, "PLAIN_LOGITS_MAX", 2 * keep * vocab)  # two rows a forward
+    calls = []
+    forward = model.forward
+    monkeypatch.setattr(model, "forward", lambda *args, **kwargs: calls.append(kwargs) or forward(*args, **kwargs))
+    with torch.no_grad():
+        together, mask = completion_logprobs(model, PROMPTS, COMPLETIONS, PAD, temperature=0.7)
+        assert [call["input_ids"].shape[0] for call in calls] == [2, 1]
+        assert not any(call.get("fused_lm_head") for call in calls)
+        alone = [completion_logprobs(model, [p], [c], PAD, temperature=0.7) for p, c in zip(PROMPTS, COMPLETIONS)]
+    assert together.shape == mask.shape == (3, max(map(len, COMPLETIONS)))
+    for i, (row, row_mask) in enumerate(alone):
+        n = len(COMPLETIONS[i])
+        assert mask[i].tolist() == [1.0] * n + [0.0] * (mask.shape[1] - n)
+        torch.testing.assert_close(together[i, :n], row[0, :n])
