@@ -109,6 +109,23 @@ def use_fused_head(model, temperature: float) -> None:
 PLAIN_LOGITS_MAX = 2**25  # logits (rows x kept positions x vocabulary) up to which a CPU pass computes them plainly (128 MB fp32)
 
 
+def plain_rows(model, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> int:
+    """Rows one CPU forward may take so that its completion logits stay within PLAIN_LOGITS_MAX (at least 1); all of
+    them on a GPU, where TRL's fused head bounds the memory. Past the bound TRL's head, on a CPU, scores every position
+    in tiles whose temporaries reach 2 GB (16 rows of 420 tokens); a few rows at a time through plain logits take less,
+    and less time here."""
+    keep, vocab = _kept_logits(model, prompt_ids, completion_ids)
+    if next(model.parameters()).device.type != "cpu" or len(prompt_ids) * keep * vocab <= PLAIN_LOGITS_MAX:
+        return len(prompt_ids)
+    return max(1, PLAIN_LOGITS_MAX // (keep * vocab))
+
+
+def _kept_logits(model, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> tuple[int, int]:
+    """(kept positions: from the shortest prompt's last token on, they predict completions; the vocabulary size)."""
+    keep = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)) - min(map(len, prompt_ids)) + 1
+    return keep, _innermost(model).config.get_text_config().vocab_size  # under DDP or FSDP: the wrapped model's
+
+
 def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list[list[int]], pad_id: int,
                         temperature: float = 1.0, with_entropy: bool = False, vision: list | None = None):
     """Per-token log-probs of each completion given its prompt, at `temperature`.
@@ -119,8 +136,8 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     a small pass (the usual micro-batch) asks the model for the logits of the completion positions only
     (`logits_to_keep`): on SmolLM2-135M the fused pass ran at 0.55-0.63x of that (bench/real_model.py). Both are exact; a pass that
     switches between them moves a log-prob by float rounding (~1e-6). Call it through a wrapped model
-    (DDP, FSDP) so gradients synchronise; run it under the step's autocast. A CPU pass without gradients takes as
-    many rows at a time as keep its logits within PLAIN_LOGITS_MAX.
+    (DDP, FSDP) so gradients synchronise; run it under the step's autocast. A CPU pass without gradients takes its
+    rows `plain_rows` at a time (training splits its micro-batches so, rl_assets.train.policy_gradient.train_step).
     Returns (logprobs, mask), both (N, T) with T the longest completion; padding has mask 0. With
     `with_entropy`, a third (N, T) tensor holds the policy's (detached) entropy at each position.
     `vision`: each row's pixel inputs (a vision-language policy, rl_assets.core.vision), its prompt's image tokens in `prompt_ids`.
@@ -128,13 +145,8 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     from rl_assets.core.vision import batched
 
     device = next(model.parameters()).device
-    # The positions from the shortest prompt's last token on predict completions.
-    keep = max(len(p) + len(c) for p, c in zip(prompt_ids, completion_ids)) - min(map(len, prompt_ids)) + 1
-    vocab = _innermost(model).config.get_text_config().vocab_size  # under DDP or FSDP: the wrapped model's
-    if device.type == "cpu" and not torch.is_grad_enabled() and len(prompt_ids) > 1 and len(prompt_ids) * keep * vocab > PLAIN_LOGITS_MAX:
-        # Nothing kept for a backward: a few rows at a time, each call's logits plain (TRL's CPU head would score every
-        # position, in tiles whose temporaries reach 2 GB for 16 rows of 420 tokens; the plain logits are faster here too).
-        rows = max(1, PLAIN_LOGITS_MAX // (keep * vocab))
+    rows = plain_rows(model, prompt_ids, completion_ids)
+    if rows < len(prompt_ids) and not torch.is_grad_enabled():  # nothing kept for a backward: a few rows at a time
         parts = [completion_logprobs(model, prompt_ids[start : start + rows], completion_ids[start : start + rows], pad_id, temperature,
                                      with_entropy, vision[start : start + rows] if vision is not None else None)
                  for start in range(0, len(prompt_ids), rows)]
@@ -143,7 +155,7 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     input_ids, attention, labels = _right_padded(prompt_ids, completion_ids, pad_id, device)
     # A VLM's forward puts the image features at its image tokens' embeddings: it takes the token ids themselves.
     inputs = {"input_ids": input_ids, **batched(vision, model, input_ids)} if vision is not None else _token_inputs(model, input_ids)
-    width = input_ids.shape[1]
+    width, (keep, vocab) = input_ids.shape[1], _kept_logits(model, prompt_ids, completion_ids)
     if device.type == "cuda" or len(prompt_ids) * keep * vocab > PLAIN_LOGITS_MAX:
         use_fused_head(model, temperature)
         out = model(**inputs, attention_mask=attention, labels=labels, fused_lm_head=True)

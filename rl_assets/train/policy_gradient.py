@@ -32,7 +32,7 @@ from rl_assets.train.advantages import equal_reward_group_share, group_advantage
 from rl_assets.core.config import TrainParams
 from rl_assets.train.losses import policy_loss, sampler_importance_weights
 from rl_assets.core.precision import accelerate_mixed_precision, resolve_mixed_precision
-from rl_assets.core.logprobs import completion_kl, completion_logprobs
+from rl_assets.core.logprobs import completion_kl, completion_logprobs, plain_rows
 from rl_assets.train.train_state import commit_state, latest_state, state_path
 
 TOKEN_METRICS = ("clip_low", "clip_high", "clip_fraction", "kl_old", "kl_ref", "entropy")
@@ -255,6 +255,9 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
                ref_model, pad_id: int, temperature: float, max_new_tokens: int) -> dict:
     """The forward and backward passes of one optimizer step over this rank's micro-batches (the last one syncs gradients).
 
+    On a CPU a micro-batch whose completion logits would pass PLAIN_LOGITS_MAX goes through in chunks of
+    `plain_rows`, a backward each, its loss weighted by the chunk's share of what the loss type averages over: the
+    same gradient, a fraction of the memory (TRL's fused head, which it would take otherwise, makes GBs of CPU tiles).
     Returns the step's sums on this rank: `loss` (already divided by the accumulation steps), `tokens`, and each of
     TOKEN_METRICS weighted by its micro-batch's tokens.
     """
@@ -262,33 +265,41 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
     sums = dict.fromkeys(TOKEN_METRICS, 0.0) | {"loss": 0.0, "tokens": 0.0}
     for micro_index, micro in enumerate(micro_batches):
         rows = micro.tolist()
-        prompts, completions = [batch.prompt_ids[i] for i in rows], [batch.completion_ids[i] for i in rows]
-        with accelerator.autocast(), (accelerator.no_sync(model) if micro_index < accum - 1 else contextlib.nullcontext()):
-            vision = [batch.vision[i] for i in rows] if batch.vision is not None else None
-            logprobs, mask, entropy = completion_logprobs(model, prompts, completions, pad_id, temperature, with_entropy=True, vision=vision)
-            mask = mask * batch.keep[rows].to(mask.device)[:, None] * padded([batch.policy[i] for i in rows], mask.shape[1]).to(mask.device)
-            old = padded([batch.stored[i] for i in rows], logprobs.shape[1]).to(logprobs.device)
-            weights = None
-            if any(batch.sampler[i] is not None for i in rows):
-                sampled = padded([batch.sampler[i] if batch.sampler[i] is not None else [float("nan")] * len(batch.stored[i]) for i in rows],
-                               logprobs.shape[1]).to(logprobs.device)
-                weights = sampler_importance_weights(old, sampled, mask, params.sampler_correction_cap)
-            ref = None
-            if ref_model is not None and loss_beta(params) > 0:
-                with torch.no_grad():
-                    ref, _ = completion_logprobs(ref_model, prompts, completions, pad_id, temperature, vision=vision)
-            advantages = batch.advantages[rows] if batch.advantages.ndim == 1 else batch.advantages[rows][:, : logprobs.shape[1]]
-            loss, metrics = policy_loss(logprobs, old, advantages.to(logprobs.device), mask, loss_type=params.loss_type,
-                                        epsilon=params.epsilon, epsilon_high=params.epsilon_high, ref_logprobs=ref, beta=loss_beta(params),
-                                        max_completion_length=max_new_tokens, num_items=num_items, num_processes=accelerator.num_processes,
-                                        sampler_weights=weights)
-            accelerator.backward(loss / accum)
-        micro_tokens = mask.sum().item()
-        metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1)).item()
-        for key in TOKEN_METRICS:
-            sums[key] += metrics[key] * micro_tokens
-        sums["loss"] += loss.item() / accum
-        sums["tokens"] += micro_tokens
+        size = plain_rows(model, [batch.prompt_ids[i] for i in rows], [batch.completion_ids[i] for i in rows])
+        chunks = [rows[start : start + size] for start in range(0, len(rows), size)]
+        for chunk_index, chunk in enumerate(chunks):
+            last = micro_index == accum - 1 and chunk_index == len(chunks) - 1
+            # The chunk's share of the micro-batch's loss: its rows (grpo, dr_grpo average over rows) or its tokens (bnpo);
+            # dapo's denominator, num_items, is the global minibatch's already.
+            share = {"grpo": len(chunk) / len(rows), "dr_grpo": len(chunk) / len(rows), "dapo": 1.0,
+                     "bnpo": batch.tokens[chunk].sum().item() / max(batch.tokens[rows].sum().item(), 1.0)}[params.loss_type]
+            prompts, completions = [batch.prompt_ids[i] for i in chunk], [batch.completion_ids[i] for i in chunk]
+            with accelerator.autocast(), (accelerator.no_sync(model) if not last else contextlib.nullcontext()):
+                vision = [batch.vision[i] for i in chunk] if batch.vision is not None else None
+                logprobs, mask, entropy = completion_logprobs(model, prompts, completions, pad_id, temperature, with_entropy=True, vision=vision)
+                mask = mask * batch.keep[chunk].to(mask.device)[:, None] * padded([batch.policy[i] for i in chunk], mask.shape[1]).to(mask.device)
+                old = padded([batch.stored[i] for i in chunk], logprobs.shape[1]).to(logprobs.device)
+                weights = None
+                if any(batch.sampler[i] is not None for i in chunk):
+                    sampled = padded([batch.sampler[i] if batch.sampler[i] is not None else [float("nan")] * len(batch.stored[i]) for i in chunk],
+                                   logprobs.shape[1]).to(logprobs.device)
+                    weights = sampler_importance_weights(old, sampled, mask, params.sampler_correction_cap)
+                ref = None
+                if ref_model is not None and loss_beta(params) > 0:
+                    with torch.no_grad():
+                        ref, _ = completion_logprobs(ref_model, prompts, completions, pad_id, temperature, vision=vision)
+                advantages = batch.advantages[chunk] if batch.advantages.ndim == 1 else batch.advantages[chunk][:, : logprobs.shape[1]]
+                loss, metrics = policy_loss(logprobs, old, advantages.to(logprobs.device), mask, loss_type=params.loss_type,
+                                            epsilon=params.epsilon, epsilon_high=params.epsilon_high, ref_logprobs=ref, beta=loss_beta(params),
+                                            max_completion_length=max_new_tokens, num_items=num_items, num_processes=accelerator.num_processes,
+                                            sampler_weights=weights)
+                accelerator.backward(loss * share / accum)
+            chunk_tokens = mask.sum().item()
+            metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1)).item()
+            for key in TOKEN_METRICS:
+                sums[key] += metrics[key] * chunk_tokens
+            sums["loss"] += loss.item() * share / accum
+            sums["tokens"] += chunk_tokens
     return sums
 
 

@@ -143,6 +143,29 @@ def test_gradient_accumulation_matches_one_big_step(rollouts, loss_type):
     assert all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
 
 
+@pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
+def test_a_micro_batch_past_the_logits_bound_trains_in_chunks_to_the_same_update(rollouts, loss_type, monkeypatch):
+    """On a CPU a micro-batch whose logits pass PLAIN_LOGITS_MAX goes through two rows at a time, each chunk's loss
+    weighted by its share of what the loss type averages over: the update and the loss of the whole micro-batch."""
+    import rl_assets.core.logprobs as logprobs
+    import rl_assets.train.policy_gradient as policy_gradient
+
+    params = TRAIN.model_copy(update={"loss_type": loss_type, "learning_rate": 1e-3})
+    whole, _, whole_metrics = train(rollouts, [1.0, 0.0, 0.5, 0.0], params)
+    prompts, completions = rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist()
+    assert len(set(map(len, completions))) > 1  # unequal lengths: bnpo's token shares differ from the row shares
+    keep = max(len(p) + len(c) for p, c in zip(prompts, completions)) - min(map(len, prompts)) + 1
+    monkeypatch.setattr(logprobs, "PLAIN_LOGITS_MAX", 2 * keep * new_tiny_model(0).config.vocab_size)
+    calls = []
+    forward = policy_gradient.completion_logprobs
+    monkeypatch.setattr(policy_gradient, "completion_logprobs", lambda model, p, *args, **kwargs: calls.append(len(p)) or forward(model, p, *args, **kwargs))
+    chunked, _, chunked_metrics = train(rollouts, [1.0, 0.0, 0.5, 0.0], params)
+    assert calls == [2, 2]
+    first, second = whole.state_dict(), chunked.state_dict()
+    assert all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
+    assert chunked_metrics["loss"] == pytest.approx(whole_metrics["loss"], abs=1e-6)
+
+
 def test_masking_truncated_completions_leaves_them_out_of_the_loss(rollouts):
     truncated = rollouts.set_column(rollouts.schema.get_field_index("truncated"), "truncated", pa.array([True, True, False, False]))
     # group 0 (rows 0, 1) carries the only signal and both of its completions are truncated
