@@ -171,7 +171,7 @@ profiled() {  # profiled NAME: python's arguments for module rl_assets.run.step,
 
 echo "device $DEVICE ($GPU_NAME), shape hidden=$HIDDEN layers=$LAYERS heads=$HEADS intermediate=$INTER, round B=$B x G=$G, new tokens <= $NEW, train $MIXED"
 step data "$PY" -c "
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.core.tokenizer import load_tokenizer
 from rl_assets.core.paths import DATA, output_path
 from rl_assets.data.prompts import build_prompts
@@ -187,7 +187,7 @@ step rollouts "$PY" -c "
 import json, time, torch
 from pathlib import Path
 from rl_assets.core.checkpoints import checkpoint_id
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.core.policy import load_policy, pick_device
 from rl_assets.core.paths import DATA, checkpoint_key, output_path
 from rl_assets.core.precision import compute_autocast, resolve_mixed_precision, weights_dtype
@@ -215,7 +215,7 @@ prompt = sum(map(len, table['prompt_ids'].to_pylist()))
 Path('rollouts_timing.json').write_text(json.dumps({'seconds': seconds, 'rows': table.num_rows, 'completion_tokens': completion, 'prompt_tokens': prompt,
                   'dtype': str(next(model.parameters()).dtype) + ('' if mode == 'no' else ' + ' + mode + ' autocast'), 'truncated_share': sum(table['truncated'].to_pylist()) / table.num_rows}))"
 step rewards "$PY" -c "
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.core.paths import DATA, output_path
 from rl_assets.rewards import score_rollouts
 from rl_assets.core.schemas import read_table, reward_function_names, rewards_schema, write_table

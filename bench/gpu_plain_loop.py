@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.core.paths import DATA, checkpoint_key, output_path
 from rl_assets.core.policy import load_policy
 from rl_assets.core.schemas import read_table

@@ -48,7 +48,7 @@ def make_project(params: Path, dvc: bool = False) -> Path:
 # A hand-written loop over the same library calls: one process, the models kept in memory from round to round.
 PLAIN = """
 from pathlib import Path
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.run.loaded import Loaded
 from rl_assets.core.paths import data_dir, output_path
 from rl_assets.data.prompts import build_prompts

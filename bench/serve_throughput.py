@@ -71,7 +71,7 @@ def main() -> int:
     parser.add_argument("--small", type=int, default=20, help="small requests timed alone and beside a large one")
     args = parser.parse_args()
 
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.core.policy import load_policy
     from rl_assets.rollout.generation import generate
     from rl_assets.serve.app import create_app

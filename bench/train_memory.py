@@ -35,7 +35,7 @@ def worker(model_path: str, params_path: str, overrides: list[str]) -> dict:
     import pyarrow as pa
     import torch
 
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.core.policy import load_trainable_policy
     from rl_assets.run.process import free_large_blocks_at_once, peak_memory, reset_peak_memory
     from rl_assets.train.policy_gradient import train_on_rollouts

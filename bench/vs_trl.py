@@ -205,7 +205,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     from transformers import TrainerCallback
     from trl import GRPOTrainer
 
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.eval.evaluation import eval_prompts, evaluate_checkpoint
     from rl_assets.core.policy import load_policy, pick_device
     from rl_assets.core.paths import checkpoint_key, data_dir, output_path

@@ -44,7 +44,7 @@ def main() -> None:
     import torch
 
     from rl_assets.run.process import quiet_step
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.eval.evaluation import eval_prompts, evaluate_checkpoint
     from rl_assets.core.policy import load_base_model, load_policy
     from rl_assets.data.prompts import build_prompts

@@ -267,7 +267,8 @@ def run_params(run: dict | None):
     Falls back to the project's params ($RL_ASSETS_PARAMS or params.yaml) for a run without those tags or before any run.
     """
     from pipelines.params import load_project_params
-    from rl_assets.core.config import Params, ParamsError, load_params
+    from rl_assets.core.config import Params, ParamsError
+    from rl_assets.core.params_file import load_params
 
     if not run or not run.get("params_file"):
         return load_project_params(), None

@@ -301,7 +301,7 @@ def effective_dvc_params(keys: list[str], params_file: str, overrides: list[str]
     The file as written, ${VAR} interpolated and `--set` applied; each value keeps the file's shape (only the keys
     written in it, as DVC records them), with leaves replaced by the validated values so `1e-4` is a float as DVC reads it.
     """
-    from rl_assets.core.config import parse_params, read_params_file, resolved_raw
+    from rl_assets.core.params_file import parse_params, read_params_file, resolved_raw
 
     written = read_params_file(params_file)
     raw = resolved_raw(copy.deepcopy(written), params_file, overrides)

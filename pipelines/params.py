@@ -13,7 +13,8 @@ from pathlib import Path
 from dagster import AssetExecutionContext, AssetKey, ConfigurableResource, DagsterError
 
 from pipelines.dvc import MISSING, dotted
-from rl_assets.core.config import Params, load_params
+from rl_assets.core.config import Params
+from rl_assets.core.params_file import load_params
 from rl_assets.core.paths import asset_key_path
 
 
@@ -89,7 +90,7 @@ def written_keys(keys: list[str]) -> list[str]:
 @functools.lru_cache(maxsize=8)
 def _written_params(path: str, overrides: tuple[str, ...], text: bytes, environment: frozenset) -> dict:
     """The params file as written, as a run reads it (${VAR} and overrides applied), parsed once per content."""
-    from rl_assets.core.config import read_params_file, resolved_raw
+    from rl_assets.core.params_file import read_params_file, resolved_raw
 
     return resolved_raw(read_params_file(path), path, overrides) if text else {}
 

@@ -149,7 +149,7 @@ def run_command(args: argparse.Namespace, *, latest_run_id: Callable[[], str | N
 
 
 def _params():
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
 
     return load_params(os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
 

@@ -3,7 +3,7 @@
 The stages' sections are here; where and how a run executes (compute, Slurm, storage, tracking, schedule,
 promotion) is in run_params.py, the base class of both in sections.py.
 
-Loading stops with a `ParamsError` that names the file, the key path and what is allowed, so a
+Loading (params_file.py) stops with a `ParamsError` that names the file, the key path and what is allowed, so a
 typo in a long experiment config fails before any compute starts.
 """
 
@@ -11,13 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import re
-from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, model_validator
 
 from rl_assets.core.run_params import ComputeParams, PromotionParams, ScheduleParams, StorageParams, TrackingParams
 from rl_assets.core.sections import Section
@@ -483,142 +480,3 @@ class Params(Section):
         """Content hash of the named sections, stored in lineage so a result names the params it used."""
         blob = json.dumps({s: self.model_dump(mode="json")[s] for s in sections}, sort_keys=True)
         return hashlib.sha256(blob.encode()).hexdigest()[:16]
-
-
-_ENV_PATTERN = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)(?::-([^}]*))?\}")
-
-
-def _interpolate(value, path: str, source: str):
-    """Replace ${VAR} and ${VAR:-default} in every string value."""
-    if isinstance(value, dict):
-        return {k: _interpolate(v, f"{path}.{k}" if path else str(k), source) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_interpolate(v, f"{path}[{i}]", source) for i, v in enumerate(value)]
-    if not isinstance(value, str):
-        return value
-
-    def substitute(match: re.Match) -> str:
-        name, default = match.group(1), match.group(2)
-        if os.environ.get(name):
-            return os.environ[name]
-        if default is not None:  # as in the shell, ${VAR:-x} also covers a set but empty VAR
-            return default
-        if name in os.environ:
-            return ""
-        raise ParamsError(f"{source}: {path}: environment variable {name} is not set (use ${{{name}:-default}} for a fallback)")
-
-    replaced = _ENV_PATTERN.sub(substitute, value)
-    if not _ENV_PATTERN.fullmatch(value):
-        return replaced
-    # A value that is only a variable gets a scalar YAML type ("3" -> 3, "true" -> True); text stays text.
-    try:
-        typed = yaml.safe_load(replaced)
-    except yaml.YAMLError:
-        return replaced
-    return typed if isinstance(typed, (int, float, bool)) else replaced
-
-
-def apply_override(raw: dict, override: str, source: str = "--set") -> None:
-    """Apply one `section.key=value` override in place; the value is parsed as YAML."""
-    key_path, sep, text = override.partition("=")
-    if not sep or not key_path:
-        raise ParamsError(f"{source}: {override!r} is not of the form section.key=value")
-    node = raw
-    keys = key_path.split(".")
-    for depth, key in enumerate(keys[:-1]):
-        child = node.get(key)
-        if child is None:
-            child = node[key] = {}
-        if not isinstance(child, dict):
-            raise ParamsError(f"{source}: {'.'.join(keys[: depth + 1])} is not a section, cannot set {key_path}")
-        node = child
-    try:
-        node[keys[-1]] = yaml.safe_load(text)
-    except yaml.YAMLError as error:
-        raise ParamsError(f"{source}: {override!r}: the value is not valid YAML ({error.problem})") from None
-
-
-def _format_error(error: ValidationError, source: str) -> str:
-    lines = []
-    for item in error.errors():
-        loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in item["loc"]).replace(".[", "[")
-        message = item["msg"]
-        if item["type"] == "extra_forbidden":
-            message = "unknown key"
-        lines.append(f"{source}: {loc or '<top level>'}: {message}")
-    return "\n".join(lines)
-
-
-def experiment_name(params_file: str | Path) -> str:
-    """The experiment a params file names when it sets no `experiment`: 'default' for the project's params.yaml, else its path.
-
-    The project's params.yaml is ./params.yaml, or a params.yaml outside the working directory (another
-    project's root, named by an absolute path).
-
-    >>> experiment_name("params.yaml"), experiment_name("examples/gsm8k/params.yaml"), experiment_name("my params.yml")
-    ('default', 'examples-gsm8k-params', 'my-params')
-    """
-    path = Path(params_file)
-    try:
-        path = path.resolve().relative_to(Path.cwd().resolve())
-    except ValueError:
-        if path.name == "params.yaml":
-            return "default"
-    if path == Path("params.yaml"):
-        return "default"
-    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", path.with_suffix("").as_posix().replace("/", "-")).strip("-._")
-    return slug or "default"
-
-
-def resolved_raw(raw: dict, source: str = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> dict:
-    """The params mapping a run uses, before validation: ${VAR} interpolated, then `--set` overrides applied."""
-    if not isinstance(raw, dict):
-        raise ParamsError(f"{source}: expected a mapping of sections at the top level, got {type(raw).__name__}")
-    raw = _interpolate(raw, "", source)
-    for override in overrides:
-        apply_override(raw, override)
-    return raw
-
-
-def parse_params(raw: dict, source: str = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> Params:
-    """Validate a params mapping (after interpolation and overrides) into `Params`.
-
-    The experiment defaults to the one `source` names, and a non-default experiment keeps its promoted
-    models in models/experiments/<experiment> unless `promotion.directory` says otherwise.
-    """
-    raw = resolved_raw(raw, source, overrides)
-    raw.setdefault("experiment", experiment_name(source))
-    promotion = raw.get("promotion")
-    if raw["experiment"] != "default" and (promotion is None or isinstance(promotion, dict)) and "directory" not in (promotion or {}):
-        raw["promotion"] = {**(promotion or {}), "directory": f"models/experiments/{raw['experiment']}"}
-    try:
-        return Params.model_validate(raw)
-    except ValidationError as error:
-        raise ParamsError(_format_error(error, source)) from None
-
-
-# libyaml's loader (PyYAML's C binding) reads the same YAML ~10x faster; every code-location load reads the params file.
-_YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-
-
-def read_params_file(path: str | Path) -> dict:
-    """The params file as written (a mapping), with the file named in every error."""
-    path = Path(path)
-    if not path.is_file():
-        raise ParamsError(f"{path}: file not found")
-    try:
-        raw = yaml.load(path.read_text(), Loader=_YAML_LOADER)
-    except yaml.YAMLError as error:
-        raise ParamsError(f"{path}: not valid YAML: {error}") from None
-    return raw or {}
-
-
-def load_params(path: str | Path = "params.yaml", overrides: tuple[str, ...] | list[str] = ()) -> Params:
-    """Read, interpolate, override and validate a params file.
-
-    >>> load_params("does-not-exist.yaml")
-    Traceback (most recent call last):
-    ...
-    rl_assets.core.config.ParamsError: does-not-exist.yaml: file not found
-    """
-    return parse_params(read_params_file(path), str(path), overrides)

@@ -41,7 +41,7 @@ class Stage:
     uses_rewards: bool = False  # calls the configured reward functions: their modules are its code too
 
 
-_CONFIG = ("core/config.py", "core/run_params.py", "core/sections.py")  # params.yaml's typed view: every stage reads it
+_CONFIG = ("core/config.py", "core/params_file.py", "core/run_params.py", "core/sections.py")  # params.yaml: every stage reads it
 # What every compute step runs through: the stage functions, the loaded models, the shared core and the UI text.
 _RUNNER = ("run/stages.py", "run/loaded.py", *_CONFIG, "core/schemas.py", "core/storage.py", "core/paths.py",
            "core/checkpoints.py", "core/precision.py", "core/stage_table.py", "eval/reports.py")
@@ -97,7 +97,7 @@ def project_code(stage: str) -> list[str]:
     has them (`rl_assets/...`, what DVC lists and hashes), or absolute when the package is installed elsewhere.
 
     >>> project_code("prompts")
-    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/config.py', 'rl_assets/core/run_params.py', 'rl_assets/core/schemas.py', 'rl_assets/core/sections.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/core/vision.py', 'rl_assets/data/__init__.py', 'rl_assets/data/prompts.py']
+    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/config.py', 'rl_assets/core/params_file.py', 'rl_assets/core/run_params.py', 'rl_assets/core/schemas.py', 'rl_assets/core/sections.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/core/vision.py', 'rl_assets/data/__init__.py', 'rl_assets/data/prompts.py']
     """
     files = _expanded(STAGE_TABLE[stage].code)
     if (Path.cwd() / PACKAGE).is_dir():  # the project's own copy of the code (a run's cwd is its root)

@@ -28,7 +28,7 @@ def check_user_code(params: Params, source: str = "params.yaml") -> None:
 
     One `ParamsError` lists every problem, each under its key as the params file spells it:
 
-    >>> from rl_assets.core.config import parse_params
+    >>> from rl_assets.core.params_file import parse_params
     >>> params = parse_params({"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]},
     ...                        "rewards": {"functions": [{"name": "nope"}, {"name": "format_regex"}]}})
     >>> check_user_code(params)

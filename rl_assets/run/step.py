@@ -17,7 +17,8 @@ import os
 import sys
 from pathlib import Path
 
-from rl_assets.core.config import Params, load_params
+from rl_assets.core.config import Params
+from rl_assets.core.params_file import load_params
 from rl_assets.core.stage_table import COMPUTE_STAGES
 
 

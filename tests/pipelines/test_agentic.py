@@ -92,7 +92,7 @@ AGENTIC = REPO / "examples" / "agentic"
 
 
 def test_the_agentic_demo_and_its_baseline_validate_and_differ_only_in_the_tool(monkeypatch):
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.data.raw_data import check_sources
 
     monkeypatch.chdir(REPO)

@@ -9,7 +9,7 @@ import yaml
 from dagster import AssetKey
 
 from conftest import REPO, import_pipelines, python
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 
 REPO_ROUNDS = load_params(REPO / "params.yaml").rounds
 

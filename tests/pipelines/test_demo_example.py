@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import REPO, python
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.data.raw_data import check_sources
 from rl_assets.core.schemas import read_table
 

@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from conftest import DVC, NO_DVC_REASON, import_pipelines, python
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 
 SYNC = "run `rl-assets dvc-sync` (or `make dvc-sync`) to regenerate it from the graph"
 

@@ -278,7 +278,7 @@ def test_serve_returns_each_tokens_logprob_and_value_on_request(ppo_run):
     """POST /v1/completions with `values`: the generate --values columns, in OpenAI's logprobs shape plus the value model's."""
     from fastapi.testclient import TestClient
 
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.serve.app import create_app
 
     project, _ = ppo_run

@@ -55,7 +55,7 @@ def test_the_trained_model_generates_and_serves_a_chat(real_project, monkeypatch
 
     from fastapi.testclient import TestClient
 
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.serve.app import create_app
 
     status = [PYTHON, "-c", "print('{}')"]  # the server's run-state probe; this test asks it nothing about runs
@@ -74,7 +74,7 @@ def test_the_smollm2_example_holds_out_enough_prompts_and_cannot_be_fooled_by_a_
     (>= 150 prompts, each checkpoint on the same prompts and seed: the paired SE), and its reward takes stated answers only."""
     from transformers import AutoTokenizer
 
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.data.prompts import build_prompts
     from rl_assets.data.raw_data import load_raw_data
     from rl_assets.rewards.math_answers import math_answer

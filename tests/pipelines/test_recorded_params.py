@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from conftest import DVC, MICRO_OUTPUTS, NO_DVC_REASON, copy_project, dvc, dvc_status, micro_params, python
-from rl_assets.core.config import apply_override
+from rl_assets.core.params_file import apply_override
 from rl_assets.core.schemas import table_lineage
 from rl_assets.core.storage import file_hash
 

@@ -11,7 +11,7 @@ import pytest
 from conftest import micro_params
 from pipelines.retention import kept_checkpoints
 from rl_assets.core.checkpoints import RETIRED_FILE
-from rl_assets.core.config import parse_params
+from rl_assets.core.params_file import parse_params
 
 
 @pytest.fixture()

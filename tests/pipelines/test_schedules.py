@@ -6,7 +6,7 @@ from dagster import DefaultScheduleStatus, DefaultSensorStatus, RunRequest, Skip
 
 from conftest import import_pipelines
 from ops_support import RAW, make_fake_project
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 
 
 def test_sensor_records_the_raw_data_version_then_fires_once_per_change(tmp_path, monkeypatch):

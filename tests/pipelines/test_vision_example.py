@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from conftest import REPO, python
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.core.schemas import read_table
 
 RELATIVE = Path("examples/vision/params.yaml")

@@ -9,7 +9,8 @@ import yaml
 from pydantic import BaseModel, ValidationError
 
 from rl_assets.core import config
-from rl_assets.core.config import Params, ParamsError, apply_override, load_params, parse_params
+from rl_assets.core.config import Params, ParamsError
+from rl_assets.core.params_file import apply_override, load_params, parse_params
 
 from rl_assets_support import REPO
 

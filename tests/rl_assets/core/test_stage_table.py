@@ -8,7 +8,7 @@ import pytest
 import yaml
 
 from conftest import REPO, import_pipelines, in_repo
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.core.stage_table import STAGE_TABLE, code_hashes, project_code, stage_code, stage_lineage, stage_params, stage_version
 
 

@@ -146,7 +146,7 @@ def test_raw_data_declares_the_images_folder_as_a_dvc_output_when_a_source_has_i
 
     from pipelines.assets import data_assets, has_images
     from pipelines.dvc import graph_stage
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
 
     text = load_params(Path(__file__).resolve().parents[3] / "params.yaml")
     with_images = text.model_copy(update={"raw_data": RawDataParams(sources=[jsonl_source()])})
@@ -189,7 +189,7 @@ def test_rewards_receive_the_image_ids_only_when_prompts_show_images():
 def test_model_stages_refuse_prompts_with_images_while_every_policy_reads_text_only(tmp_path):
     """sft and rollouts stop before loading a model: a text policy would train on the words and report the images as seen."""
     from ops_support import make_fake_project
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.run.loaded import Loaded
     from rl_assets.run.stages import run_rollouts, run_sft
 

@@ -9,7 +9,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from rl_assets.core.config import RawDataParams, SourceParams, load_params
+from rl_assets.core.config import RawDataParams, SourceParams
+from rl_assets.core.params_file import load_params
 from rl_assets.data.raw_data import RawDataError, labelled_location, load_raw_data, mix, source_inputs
 from rl_assets.core.schemas import RAW_DATA
 from rl_assets.core.storage import content_hash, dir_hash

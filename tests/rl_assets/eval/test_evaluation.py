@@ -71,7 +71,8 @@ def test_accuracy_is_the_configured_reward_not_the_first_number(monkeypatch):
 
 
 def test_correctness_must_name_a_reward_function():
-    from rl_assets.core.config import ParamsError, parse_params
+    from rl_assets.core.config import ParamsError
+    from rl_assets.core.params_file import parse_params
 
     raw = {"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "rewards": {"functions": [{"name": "math_answer"}]},
            "evaluation": {"correctness": "math_anwser"}}

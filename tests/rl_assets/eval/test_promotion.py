@@ -10,7 +10,7 @@ import yaml
 from ops_support import GOOD_METRICS, make_fake_project
 from rl_assets.eval import promotion
 from rl_assets.core.checkpoints import read_lineage, weights_hash
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 
 
 def promote_once(root, monkeypatch):

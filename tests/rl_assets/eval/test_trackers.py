@@ -9,7 +9,8 @@ import pytest
 
 from ops_support import make_fake_project
 from rl_assets.core.checkpoints import read_lineage
-from rl_assets.core.config import ParamsError, load_params
+from rl_assets.core.config import ParamsError
+from rl_assets.core.params_file import load_params
 from rl_assets.eval.trackers import log_run
 
 

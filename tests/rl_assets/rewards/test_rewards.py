@@ -252,7 +252,8 @@ def test_options_are_bound_and_enter_the_config_hash():
 ])
 def test_params_refuse_unloadable_functions_and_bad_options(functions, message):
     """Parsing checks the shape (repeated columns, a bad column name); the preflight loads the functions and checks their options."""
-    from rl_assets.core.config import ParamsError, parse_params
+    from rl_assets.core.config import ParamsError
+    from rl_assets.core.params_file import parse_params
     from rl_assets.run.preflight import check_user_code
 
     raw = {"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "rewards": {"functions": functions}}
@@ -262,7 +263,8 @@ def test_params_refuse_unloadable_functions_and_bad_options(functions, message):
 
 
 def test_params_load_a_user_function_and_its_options(user_module, tmp_path):
-    from rl_assets.core.config import ParamsError, parse_params
+    from rl_assets.core.config import ParamsError
+    from rl_assets.core.params_file import parse_params
     from rl_assets.run.preflight import check_user_code
 
     raw = {"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]},
@@ -278,7 +280,7 @@ def test_params_load_a_user_function_and_its_options(user_module, tmp_path):
 def test_params_loading_does_not_import_torch():
     import subprocess
 
-    code = ("import sys; from rl_assets.core.config import parse_params; from rl_assets.run.preflight import check_user_code; "
+    code = ("import sys; from rl_assets.core.params_file import parse_params; from rl_assets.run.preflight import check_user_code; "
             "check_user_code(parse_params({'raw_data': {'sources': [{'kind': 'jsonl', 'path': 'x'}]}, 'rewards': {'functions': ["
             "{'name': 'reward_model', 'options': {'path': 'data/reward_model'}}, {'name': 'code_execution'}]}})); "
             "print(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'trl'}))")
@@ -375,7 +377,8 @@ def test_built_ins_take_the_keywords_trl_passes(name, options, expected):
 
 
 def test_a_user_module_that_fails_to_import_is_a_load_error(tmp_path, monkeypatch):
-    from rl_assets.core.config import ParamsError, parse_params
+    from rl_assets.core.config import ParamsError
+    from rl_assets.core.params_file import parse_params
     from rl_assets.run.preflight import check_user_code
 
     (tmp_path / "rl_assets_test_broken_rewards.py").write_text("def f(completions, **kwargs)\n    return []\n")

@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from rl_assets.core.config import ModelParams, ParamsError, TinyModelParams, parse_params
+from rl_assets.core.config import ModelParams, ParamsError, TinyModelParams
+from rl_assets.core.params_file import parse_params
 from rl_assets.core.policy import check_model
 from rl_assets.run.preflight import check_run_inputs
 from rl_assets.core.tokenizer import build_tiny_tokenizer

@@ -38,7 +38,7 @@ def test_a_step_fixes_the_threshold_only_when_params_ask(monkeypatch, tmp_path):
     import pytest
 
     import rl_assets.run.process as process
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.run.stages import run_stage
 
     calls = []

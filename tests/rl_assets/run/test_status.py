@@ -9,7 +9,7 @@ import pytest
 from ops_support import GOOD_METRICS, make_fake_project
 from pipelines import cli
 from rl_assets.core.checkpoints import read_lineage, save_checkpoint
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.core.run_params import PromotionParams
 from rl_assets.serve.generate import resolve_checkpoint, sample
 from rl_assets.eval.lineage import connect_tables

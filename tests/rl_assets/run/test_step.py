@@ -3,7 +3,8 @@
 import pytest
 import yaml
 
-from rl_assets.core.config import ParamsError, load_params
+from rl_assets.core.config import ParamsError
+from rl_assets.core.params_file import load_params
 from rl_assets.run.step import parse_args
 from rl_assets_support import REPO
 

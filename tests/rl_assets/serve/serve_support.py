@@ -15,7 +15,8 @@ import uvicorn
 
 from ops_support import make_fake_project
 from rl_assets.core.checkpoints import read_lineage, save_checkpoint
-from rl_assets.core.config import ModelParams, TinyModelParams, load_params
+from rl_assets.core.config import ModelParams, TinyModelParams
+from rl_assets.core.params_file import load_params
 from rl_assets.eval.promotion import run_promotion
 
 TINY = ModelParams(tiny=TinyModelParams(hidden_size=16, num_layers=1, num_heads=2, intermediate_size=32))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.run.heartbeat import HEARTBEATS, Heartbeat, running_steps, step_durations
 from rl_assets_support import REPO
 
@@ -107,7 +107,7 @@ def test_run_stage_beats(tmp_path, monkeypatch):
 
 def test_rl_assets_status_lists_running_steps_with_their_heartbeat(tmp_path):
     from ops_support import make_fake_project
-    from rl_assets.core.config import load_params
+    from rl_assets.core.params_file import load_params
     from rl_assets.run.status import project_status
 
     project = make_fake_project(tmp_path / "project")

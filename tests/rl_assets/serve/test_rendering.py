@@ -6,7 +6,8 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from rl_assets.core.config import PromptsParams, load_params
+from rl_assets.core.config import PromptsParams
+from rl_assets.core.params_file import load_params
 from rl_assets.serve.generate import sample
 from rl_assets.data.prompts import ChatTemplateError
 from rl_assets.serve.app import create_app

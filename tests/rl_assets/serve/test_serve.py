@@ -14,7 +14,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from rl_assets.core.checkpoints import read_lineage
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.run.heartbeat import Heartbeat
 from rl_assets.serve.app import create_app
 from serve_support import make_served_project, running_server, status_command

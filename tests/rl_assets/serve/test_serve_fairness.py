@@ -12,7 +12,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from rl_assets.core.config import load_params
+from rl_assets.core.params_file import load_params
 from rl_assets.serve.app import create_app, timed_protocol
 from rl_assets.serve.models import BadRequest, Batcher, Busy, Job, Sampling
 from serve_support import make_served_project, running_server, status_command

@@ -10,7 +10,8 @@ import pytest
 from PIL import Image
 
 from rl_assets.core.checkpoints import read_lineage, save_checkpoint
-from rl_assets.core.config import ModelParams, load_params
+from rl_assets.core.config import ModelParams
+from rl_assets.core.params_file import load_params
 from rl_assets.serve.app import create_app
 from rl_assets.serve.generate import sample
 from serve_support import make_served_project, running_server
