@@ -117,7 +117,7 @@ def data_assets(params: Params) -> list[AssetsDefinition]:
         p = params.load()
         data = data_dir(p.experiment)
         table, dropped = build_prompts(read_table(output_path("raw_data", data), "raw_data"), p.prompts, load_tokenizer(p.model),
-                                       image_tokens=tokens_per_image(p.model))
+                                       image_tokens=tokens_per_image(p.model), images_dir=data / IMAGES)
         path = write_table(table, output_path("prompts", data), PROMPTS, "prompts")
         splits = Counter(table["split"].to_pylist())
         yield from materialized(context, params, path, {"rows": table.num_rows, **{f"split_{s}": splits[s] for s in ("sft", "rl", "eval")},

@@ -13,6 +13,7 @@ LLaVA, Qwen2-VL, whose 3-D rotary positions come from the token types `batched` 
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -60,11 +61,12 @@ def folder_is_vision_model(folder: str | Path) -> bool:
     return config.is_file() and json.loads(config.read_text()).get("vision_config") is not None
 
 
-def tokens_per_image(model) -> int:
-    """How many tokens one image's placeholder expands into for the policy `model` (the params' model section) names: the
-    embedded VLM's patches, or what a VLM folder's processor makes of one blank picture, when a picture twice that size
-    gives as many (LLaVA, Idefics3 without splitting); 1, the placeholder alone, for a text model or a VLM whose count
-    depends on the picture's size (Qwen2-VL).
+def tokens_per_image(model) -> int | Callable[[object], int]:
+    """How many tokens an image's placeholder expands into for the policy `model` (the params' model section) names, as
+    the prompts' lengths count them: the embedded VLM's patches; what a VLM folder's processor makes of a blank picture,
+    when pictures twice as large and twice as wide give as many (LLaVA, Idefics3 without splitting); 1, the placeholder
+    alone, for a text model. Where a picture's size sets the count (Qwen2-VL, Idefics3 splitting large pictures into
+    tiles), a function that counts what the processor makes of a given PIL picture.
 
     >>> from rl_assets.core.config import ModelParams
     >>> tokens_per_image(ModelParams(vision={"image_size": 48, "patch_size": 8})), tokens_per_image(ModelParams())
@@ -80,12 +82,15 @@ def tokens_per_image(model) -> int:
 
     from PIL import Image
 
+    bare = len(processor(text=[""], return_tensors="pt")["input_ids"][0])
+
+    def expanded(image) -> int:
+        return len(processor(text=[placeholder], images=[image], return_tensors="pt")["input_ids"][0]) - bare
+
     vision = json.loads((Path(model.name_or_path) / "config.json").read_text()).get("vision_config") or {}
     side = int(vision.get("image_size") or 224)
-    bare = len(processor(text=[""], return_tensors="pt")["input_ids"][0])
-    counts = {len(processor(text=[placeholder], images=[Image.new("RGB", (size, size))], return_tensors="pt")["input_ids"][0]) - bare
-              for size in (side, 2 * side)}
-    return counts.pop() if len(counts) == 1 else 1
+    counts = {expanded(Image.new("RGB", size)) for size in ((side, side), (2 * side, 2 * side), (2 * side, side))}
+    return counts.pop() if len(counts) == 1 else expanded
 
 
 def build_tiny_vlm(text_config, vision, image_token_id: int, seed: int):

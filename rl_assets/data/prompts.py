@@ -13,12 +13,16 @@ templates nor the `extra` reward inputs, so two rows with the same problem, answ
 
 from __future__ import annotations
 
+import functools
 import hashlib
+from collections.abc import Callable
+from pathlib import Path
 
 import pyarrow as pa
 
 from rl_assets.core.config import PromptsParams
 from rl_assets.core.schemas import PROMPTS
+from rl_assets.data.images import open_images
 
 
 def prompt_id(problem: str, answer: str, image_ids: list[str] = ()) -> str:
@@ -122,11 +126,13 @@ def _answer_policy(records: list[dict], policy: str) -> dict[tuple, str | None]:
     return {question: next(iter(found)) if policy == "first" else None for question, found in conflicting.items()}
 
 
-def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer, image_tokens: int = 1) -> tuple[pa.Table, dict]:
+def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer, image_tokens: int | Callable[[object], int] = 1,
+                  images_dir: Path | None = None) -> tuple[pa.Table, dict]:
     """The `PROMPTS` table and counts of what was dropped (duplicates, conflicting answers, over-long prompts).
 
-    `image_tokens`: how many tokens each image's placeholder expands into (rl_assets.core.vision.tokens_per_image),
-    counted in a prompt's length (`n_tokens`, max_prompt_tokens) as the policy will read it.
+    `image_tokens`: how many tokens each image's placeholder expands into (rl_assets.core.vision.tokens_per_image), or
+    a function counting them for a picture, each stored picture then read from `images_dir`; counted in a prompt's
+    length (`n_tokens`, max_prompt_tokens) as the policy will read it.
     """
     seen, rows = set(), []
     dropped = {"duplicates": 0, "too_long": 0, "conflicting": 0}
@@ -145,7 +151,8 @@ def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer, image_tokens:
         rows.append({"prompt_id": pid, "prompt": render(record["prompt"], params, tokenizer, len(image_ids)), "problem": record["prompt"], "answer": record["answer"],
                      "split": split_of(pid, params.eval_fraction, params.sft_fraction),
                      "image_ids": image_ids, **{k: record[k] for k in ("source", "source_hash", "source_row", "extra")}})
-    lengths = [len(ids) + len(row["image_ids"]) * (image_tokens - 1)  # what generation will feed
+    count = functools.cache(lambda i: image_tokens(open_images([[i]], images_dir)[0][0])) if callable(image_tokens) else lambda i: image_tokens
+    lengths = [len(ids) + sum(count(i) - 1 for i in row["image_ids"])  # what generation will feed
                for ids, row in zip(encode_prompts(tokenizer, [r["prompt"] for r in rows]), rows)]
     kept = []
     for row, length in zip(rows, lengths):

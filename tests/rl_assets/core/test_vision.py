@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import re
 
+import pyarrow as pa
 import pytest
 import torch
 import yaml
@@ -147,7 +148,8 @@ def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(t
     data = data_dir(params.experiment, tmp_path)
     raw, _ = load_raw_data(params.raw_data, params.seed, tmp_path, images_dir=data / IMAGES)
     write_table(raw, output_path("raw_data", data), RAW_DATA, "raw_data")
-    prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model), image_tokens=tokens_per_image(params.model))
+    prompts, _ = build_prompts(raw, params.prompts, load_tokenizer(params.model), image_tokens=tokens_per_image(params.model),
+                               images_dir=data / IMAGES)
     write_table(prompts, output_path("prompts", data), PROMPTS, "prompts")
     assert all(p.startswith("<image>How many") for p in prompts["prompt"].to_pylist())  # one placeholder before the text
 
@@ -232,7 +234,6 @@ def test_a_resumed_vlm_round_ends_with_the_weights_of_an_uninterrupted_one(vlm, 
     """sample_rollouts shows each prompt its stored picture; a round saved every 2 steps and rerun resumes to the same weights."""
     import copy
 
-    import pyarrow as pa
 
     from rl_assets.core.config import RolloutsParams, TrainParams
     from rl_assets.core.schemas import PROMPTS, rewards_schema
@@ -328,7 +329,6 @@ def assert_trl_reads_the_sampled_ids(algorithm, rollouts, rewards, data, params)
 def test_dpo_and_rft_examples_carry_the_sampled_bos_end_token_and_images(vlm):
     """TRL's vision collators tokenize without special tokens: each example's text holds the BOS its prompt was sampled
     with and the end token its completion was sampled with (none when truncated), and the row's images."""
-    import pyarrow as pa
 
     from rl_assets.train.preference import with_images
 
@@ -402,9 +402,10 @@ def tiny_qwen2_vl():
     return model, tokenizer, Processor()
 
 
-def tiny_idefics3():
+def tiny_idefics3(splitting: bool = False):
     """A random Idefics3 (SmolVLM's family: image tokens framed by marker tokens, pixels with their attention mask) on the
-    tiny tokenizer, with its own processor."""
+    tiny tokenizer, with its own processor; `splitting`: pictures larger than 32 px are cut into tiles, so a picture's
+    size sets its count of image tokens."""
     from transformers import Idefics3Config, Idefics3ForConditionalGeneration, Idefics3ImageProcessor, Idefics3Processor, LlamaConfig
 
     from rl_assets.core.tokenizer import build_tiny_tokenizer
@@ -419,7 +420,7 @@ def tiny_idefics3():
                             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2, image_size=32,
                                                patch_size=8))
     torch.manual_seed(0)
-    images = Idefics3ImageProcessor(do_image_splitting=False, size={"longest_edge": 32}, max_image_size={"longest_edge": 32})
+    images = Idefics3ImageProcessor(do_image_splitting=splitting, size={"longest_edge": 64 if splitting else 32}, max_image_size={"longest_edge": 32})
     return Idefics3ForConditionalGeneration(config).eval(), tokenizer, Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4)
 
 
@@ -545,3 +546,38 @@ def test_a_vlm_config_type_has_one_value_model_class(vlm):
     model = vlm[0]
     assert vision_value_model(model.config) is vision_value_model(copy.deepcopy(model.config))
     assert vision_value_model(model.config).__name__ == "LlavaValueModel"
+
+
+def test_a_vlm_whose_image_tokens_depend_on_the_size_counts_each_stored_picture(tmp_path):
+    """Idefics3 splitting large pictures into tiles (as Qwen2-VL's count follows a picture's size): the prompts' lengths
+    count each stored picture's tokens as its processor expands them, so max_prompt_tokens drops what is too long."""
+    from rl_assets.core.config import PromptsParams
+    from rl_assets.core.tokenizer import load_tokenizer
+    from rl_assets.data.images import image_id, store_images
+    from rl_assets.data.prompts import build_prompts
+
+    model, tokenizer, processor = tiny_idefics3(splitting=True)
+    folder = tmp_path / "my-vlm"
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    stored = {}
+    for side in (24, 64):  # 64 x 24 and 64 x 64: two tiles and four
+        buffer = io.BytesIO()
+        Image.new("RGB", (64, side), (side, 0, 0)).save(buffer, format="PNG")
+        stored[side] = image_id(buffer.getvalue())
+        store_images({stored[side]: (buffer.getvalue(), "png")}, tmp_path / "images")
+    params = ModelParams(name_or_path=str(folder))
+    count = tokens_per_image(params)
+    small, large = (count(Image.open(tmp_path / "images" / f"{stored[side]}.png").convert("RGB")) for side in (24, 64))
+    assert large > small > 1  # cut into more tiles
+    raw = pa.table({"prompt": ["How many?", "How many now?"], "answer": ["1", "2"], "image_ids": [[stored[24]], [stored[64]]],
+                    "source": ["s", "s"], "source_hash": ["h", "h"], "source_row": [0, 1], "extra": ["{}", "{}"]})
+    prompts, dropped = build_prompts(raw, PromptsParams(max_prompt_tokens=10_000), load_tokenizer(params), image_tokens=count,
+                                     images_dir=tmp_path / "images")
+    for prompt, side, n_tokens in zip(prompts["prompt"].to_pylist(), (24, 64), prompts["n_tokens"].to_pylist()):
+        with Image.open(tmp_path / "images" / f"{stored[side]}.png") as picture:
+            (ids,), _ = encode_with_images(processor, [prompt], [[picture.convert("RGB")]])
+        assert n_tokens == len(ids)  # what sampling will feed the policy
+    limit = PromptsParams(max_prompt_tokens=max(prompts["n_tokens"].to_pylist()) - 1)
+    kept, dropped = build_prompts(raw, limit, load_tokenizer(params), image_tokens=count, images_dir=tmp_path / "images")
+    assert kept["problem"].to_pylist() == ["How many?"] and dropped["too_long"] == 1
