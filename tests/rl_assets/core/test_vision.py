@@ -363,10 +363,11 @@ def assert_the_value_model_sees_the_images(data, rollouts, metrics, vlm):
     assert not torch.allclose(values[0], values[1])
 
 
-def tiny_qwen2_vl():
-    """A random Qwen2-VL (3-D rotary positions, pixel rows with image_grid_thw) on the tiny tokenizer, and a processor that
-    expands its placeholder as Qwen2-VL's does (the real processor's video half needs torchvision, not installed here)."""
-    from transformers import Qwen2VLConfig, Qwen2VLForConditionalGeneration
+def tiny_qwen2_vl(version: str = "qwen2_vl"):
+    """A random Qwen2-VL, or Qwen2.5-VL (`version` "qwen2_5_vl": its vision tower attends in windows), with 3-D rotary
+    positions and pixel rows with image_grid_thw, on the tiny tokenizer, and a processor that expands its placeholder
+    as theirs does (the real processors' video half needs torchvision, not installed here)."""
+    from transformers import Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration, Qwen2VLConfig, Qwen2VLForConditionalGeneration
     from transformers.models.qwen2_vl.image_processing_pil_qwen2_vl import Qwen2VLImageProcessorPil
 
     from rl_assets.core.tokenizer import build_tiny_tokenizer
@@ -375,16 +376,21 @@ def tiny_qwen2_vl():
     names = ["<|vision_start|>", "<|vision_end|>", "<|image_pad|>", "<|video_pad|>"]
     tokenizer.add_special_tokens({"additional_special_tokens": names})
     ids = dict(zip(names, tokenizer.convert_tokens_to_ids(names)))
-    config = Qwen2VLConfig(
+    tower = dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2)
+    if version == "qwen2_5_vl":
+        tower = dict(depth=2, hidden_size=32, intermediate_size=64, out_hidden_size=32, num_heads=2, patch_size=8, spatial_merge_size=2,
+                     temporal_patch_size=2, window_size=32, fullatt_block_indexes=[1])
+    config_class, model_class = ((Qwen2_5_VLConfig, Qwen2_5_VLForConditionalGeneration) if version == "qwen2_5_vl" else
+                                 (Qwen2VLConfig, Qwen2VLForConditionalGeneration))
+    config = config_class(
         text_config=dict(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                          num_key_value_heads=1, rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
                          bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                          initializer_range=0.5),  # sharp attention: positions matter
-        vision_config=dict(depth=1, embed_dim=32, hidden_size=32, num_heads=2, patch_size=8, spatial_merge_size=2, temporal_patch_size=2),
-        image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"], vision_start_token_id=ids["<|vision_start|>"],
-        vision_end_token_id=ids["<|vision_end|>"])
+        vision_config=tower, image_token_id=ids["<|image_pad|>"], video_token_id=ids["<|video_pad|>"],
+        vision_start_token_id=ids["<|vision_start|>"], vision_end_token_id=ids["<|vision_end|>"])
     torch.manual_seed(0)
-    model = Qwen2VLForConditionalGeneration(config).eval()
+    model = model_class(config).eval()
 
     class Processor:
         image_processor = Qwen2VLImageProcessorPil(min_pixels=32 * 32, max_pixels=48 * 48, patch_size=8, merge_size=2, temporal_patch_size=2)
@@ -424,17 +430,19 @@ def tiny_idefics3(splitting: bool = False):
     return Idefics3ForConditionalGeneration(config).eval(), tokenizer, Idefics3Processor(image_processor=images, tokenizer=tokenizer, image_seq_len=4)
 
 
-@pytest.mark.parametrize("family", ["qwen2_vl", "idefics3"])
+@pytest.mark.parametrize("family", ["qwen2_vl", "qwen2_5_vl", "idefics3"])
 def test_other_vlm_layouts_sample_and_score_each_row_as_alone(family):
-    """Qwen2-VL places image tokens at 3-D rotary positions computed from the token types: sampling leaves them to
-    generate(), every forward gets `mm_token_type_ids`. Idefics3 frames its image tokens and masks its pixels. In both
-    a left-padded batch decodes as each row alone, and the log-probs of a right-padded batch are those of each row alone."""
+    """Qwen2-VL and Qwen2.5-VL place image tokens at 3-D rotary positions computed from the token types: sampling leaves
+    them to generate(), every forward gets `mm_token_type_ids`. Idefics3 frames its image tokens and masks its pixels.
+    In each a left-padded batch decodes as each row alone, and the log-probs of a right-padded batch are those of each
+    row alone."""
     from rl_assets.core.vision import batched, has_multimodal_positions
 
-    model, tokenizer, processor = tiny_qwen2_vl() if family == "qwen2_vl" else tiny_idefics3()
-    assert has_multimodal_positions(model.config) is (family == "qwen2_vl")
+    qwen = family.startswith("qwen")
+    model, tokenizer, processor = tiny_qwen2_vl(family) if qwen else tiny_idefics3()
+    assert has_multimodal_positions(model.config) is qwen
     pictures_ = [[Image.new("RGB", (48, 48), (200, 10, 10))], [Image.new("RGB", (40, 48), (10, 10, 200))]]
-    placeholder = "<|vision_start|><|image_pad|><|vision_end|>" if family == "qwen2_vl" else "<image>"
+    placeholder = "<|vision_start|><|image_pad|><|vision_end|>" if qwen else "<image>"
     prompts = [f"{placeholder}How many?", f"{placeholder}Count them, now!"]
     greedy = generate(model, tokenizer, prompts, 2, greedy=True, max_new_tokens=6, images=pictures_, processor=processor)
     assert len(greedy.prompt_ids[0]) != len(greedy.prompt_ids[2])  # a left-padded batch
