@@ -23,6 +23,7 @@ It imports dvc, so it runs only in DVC's environment and imports nothing of this
 """
 
 import fcntl
+import io
 import json
 import os
 import sys
@@ -91,9 +92,11 @@ def _ordered(paths: list[str]) -> list[str]:
 
 
 def _put(fs, local: str | None, remote: str, data: bytes | None = None) -> None:
-    """One file up (a directory remote needs its folders made; an object store ignores that)."""
+    """One file up, whole or not at all: a directory remote gets a temporary file renamed over the old one (DVC's `put_file`
+    does so for a path or a file object; `pipe_file` writes in place, and a killed push left a truncated listing there).
+    An object store's PUT is whole anyway."""
     fs.makedirs(fs.parent(remote), exist_ok=True)
-    fs.put_file(local, remote) if data is None else fs.pipe_file(remote, data)
+    fs.put_file(local if data is None else io.BytesIO(data), remote)
 
 
 def _signature(path: Path) -> list[int]:

@@ -14,7 +14,7 @@ import subprocess
 import pytest
 import yaml
 
-from conftest import DVC, PYTHON, copy_project, project_env, python
+from conftest import DVC, PYTHON, REPO, copy_project, project_env, python
 from faults import fault_project, interrupted, kill_group_when, resumed, uninterrupted
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage, read_retired
 
@@ -233,9 +233,9 @@ def test_a_training_state_saved_mid_round_is_pushed_and_a_fresh_machine_resumes_
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def state_pushed() -> bool:
-        try:  # a directory remote's listing is rewritten in place: it can be read half written
+        try:  # the listing is renamed into place whole (see the last test); absent until the first push
             return any("train_state/step-" in f and f.endswith("trainer_state.json") for f in json.loads(listing.read_text()))
-        except (OSError, ValueError):
+        except FileNotFoundError:
             return False
 
     kill_group_when(process, state_pushed)
@@ -265,3 +265,32 @@ def test_retiring_from_the_remote_deletes_its_objects_there_and_a_run_makes_it_a
     again = run_with_a_new_evaluation(project)
     assert any(key in line and "retired and on no remote" in line for line in again.stderr.splitlines()), again.stderr[-3000:]
     assert checkpoint_id(project / "data" / key) == ids[key]
+
+
+PUT_OVER = """
+import json, sys
+from pathlib import Path
+from dvc_objects.fs.local import LocalFileSystem
+sys.path.append("pipelines")  # after DVC itself: pipelines/dvc.py is not `dvc`
+from dvc_remote import _put
+
+remote, local = Path(sys.argv[1]), Path(sys.argv[2])
+seen = []
+for source, data in ((None, b'["new listing"]'), (str(local), None)):
+    remote.write_text('["old"]')
+    with remote.open() as before:  # a reader, or a push killed mid-write, still has the old file whole
+        _put(LocalFileSystem(), source, str(remote), data)
+        seen.append([before.read(), remote.read_text()])
+print(json.dumps(seen))
+"""
+
+
+def test_a_directory_remote_file_is_replaced_whole_never_rewritten_in_place(tmp_path):
+    """A push writes the listing, the state and each file to a temporary name and renames it over the old one: a push killed
+    mid-write leaves the old file whole (a listing written in place was once read half written by a pull: JSONDecodeError)."""
+    local = tmp_path / "trainer_state.json"
+    local.write_text('{"global_step": 200}')
+    done = subprocess.run([str(DVC.parent / "python"), "-I", "-c", PUT_OVER, str(tmp_path / "files.json"), str(local)],
+                          cwd=REPO, capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert json.loads(done.stdout) == [['["old"]', '["new listing"]'], ['["old"]', '{"global_step": 200}']]
