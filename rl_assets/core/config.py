@@ -337,8 +337,8 @@ class TrainParams(Section):
     mask_truncated_completions: bool = Field(False, description="Leave completions that hit max_new_tokens out of the loss (DAPO).")
     drop_equal_reward_groups: bool = Field(False, description="Train only on groups whose rewards differ (DAPO's dynamic-sampling filter, as "
                                                               "verl applies it): all-equal groups have advantage 0, so they are left out of "
-                                                              "the loss, its normalisation and the KL penalty. Minibatches shrink by the share "
-                                                              "left out, so a round keeps its optimizer steps and costs fewer rows; the token "
+                                                              "the loss, its normalisation and the KL penalty. A round keeps its optimizer steps, "
+                                                              "each on a near-equal share of the rows kept, and costs fewer rows; the token "
                                                               "metrics (the entropy guard's too) then cover the trained rows only.")
     max_grad_norm: float = Field(1.0, gt=0, description="Gradient clipping norm.")
     freeze_vision: bool = Field(False, description="A vision-language policy's vision encoder and projector keep their weights: only the "

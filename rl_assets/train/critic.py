@@ -28,7 +28,7 @@ from rl_assets.core.logprobs import completion_logprobs, completion_values
 from rl_assets.core.precision import accelerate_mixed_precision, resolve_mixed_precision
 from rl_assets.train.advantages import gae_advantages, token_rewards, whiten
 from rl_assets.train.losses import explained_variance, value_loss
-from rl_assets.train.policy_gradient import padded, resume_point, save_state, step_plan
+from rl_assets.train.policy_gradient import padded, resume_point, save_state, steps_per_epoch
 
 CRITIC_KIND = "critic"  # the lineage card's `kind` of a value model
 
@@ -192,7 +192,7 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
                               mixed_precision=accelerate_mixed_precision(resolve_mixed_precision(params.mixed_precision, device)))
     rank, world, accum = accelerator.process_index, accelerator.num_processes, params.gradient_accumulation_steps
     n = len(prompt_ids)
-    minibatch, steps_per_epoch = step_plan(n, n, params.minibatch_size, world * accum)
+    steps = steps_per_epoch(n, n, params.minibatch_size, world * accum)
     epochs = params.ppo.critic_epochs or params.epochs
     if params.gradient_checkpointing:
         critic.config.use_cache = False
@@ -203,16 +203,15 @@ def train_critic(critic, prompt_ids: list[list[int]], completion_ids: list[list[
     start_step, history, resumed = resume_point(accelerator, state_dir, fingerprint, params.resume)
     sums = resumed or {"value_loss": 0.0, "value_clip_fraction": 0.0}  # this rank's, over the steps so far
     critic.train()
-    tokens, started, total = 0.0, time.perf_counter(), epochs * steps_per_epoch
+    tokens, started, total = 0.0, time.perf_counter(), epochs * steps
     bar = tqdm(total=total, initial=start_step, desc="critic", disable=None if progress and rank == 0 else True, leave=False)
     step = 0
     for epoch in range(epochs):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch + 500))  # not the policy's order
-        for index in range(steps_per_epoch):
+        for rows in order.tensor_split(steps) if steps else []:
             step += 1
             if step <= start_step:
                 continue
-            rows = order[index * minibatch : (index + 1) * minibatch]
             micro_batches = rows.tensor_split(world)[rank].tensor_split(accum)
             step_loss = step_clipped = step_tokens = 0.0
             num_items = targets.mask[rows].sum().item() / accum  # the global minibatch's tokens per micro-step (value_loss)

@@ -3,14 +3,14 @@
 Reads top to bottom: advantages from the rewards table, then `epochs` passes of shuffled minibatches,
 each a clipped-ratio step against the log-probs stored at sampling time; the table is never
 re-sampled. Accelerate does the data parallelism (torchrun or `accelerate launch`; gloo on CPU),
-mixed precision and loss scaling: each process takes an equal slice of every global minibatch, so
+mixed precision and loss scaling: each process takes a slice of every global minibatch, so
 the update matches one process on the same global batch. The full state is saved every
 `save_steps`, and a rerun of a killed step resumes from it (see train_state.py).
 
 With `train.drop_equal_reward_groups` the groups whose rewards are all equal are left out first, as
 verl's DAPO filter does: before the advantages, the KL penalty and the loss normalisation see them.
-The minibatch shrinks by the share of rows left out, so a round takes as many optimizer steps as it
-would without the filter, each on informative rows only; the token metrics (entropy, KL, clipping)
+A round still takes as many optimizer steps as it would without the filter, each on a near-equal share
+of the informative rows (every one of them, each epoch); the token metrics (entropy, KL, clipping)
 describe the rows trained on.
 """
 
@@ -155,20 +155,33 @@ def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, gr
                          vision=[vision[i] for i in rows] if vision is not None else None)
 
 
-def step_plan(rows: int, table_rows: int, minibatch_size: int, processes: int) -> tuple[int, int]:
-    """(minibatch size, optimizer steps per epoch) for `rows` trained on out of a table of `table_rows`.
+def steps_per_epoch(rows: int, table_rows: int, minibatch_size: int, processes: int) -> int:
+    """Optimizer steps per epoch for `rows` trained on out of a table of `table_rows`; an epoch's shuffled rows are split
+    into that many near-equal minibatches (`torch.tensor_split`), so every row is trained on.
 
-    `processes` is world size x gradient accumulation steps, which a minibatch divides into. Rows dropped
-    shrink the minibatch by their share: as many steps as the whole table would take, each on informative rows.
+    As many steps as the whole table makes minibatches of `minibatch_size` (at least one), whatever the filter left
+    out, but no more than gives each of the `processes` (world size x gradient accumulation steps) micro-batches a row:
+    with fewer rows than that (every group dropped) none.
 
-    >>> step_plan(64, 64, 16, 2), step_plan(32, 64, 16, 2), step_plan(8, 64, 16, 4), step_plan(3, 64, 16, 4), step_plan(0, 64, 16, 1)
-    ((16, 4), (8, 4), (4, 2), (4, 0), (1, 0))
+    >>> steps_per_epoch(64, 64, 16, 2), steps_per_epoch(30, 64, 16, 2), steps_per_epoch(6, 64, 16, 4), steps_per_epoch(3, 64, 16, 4)
+    (4, 4, 1, 0)
+    >>> [len(minibatch) for minibatch in torch.arange(30).tensor_split(4)]   # 30 informative rows of 64: none left out
+    [8, 8, 7, 7]
     """
-    minibatch = minibatch_size
-    if rows < table_rows:
-        minibatch = max(processes, minibatch_size * rows // table_rows // processes * processes)
-    # A table smaller than a minibatch is one step; one with fewer rows than micro-batches (all groups dropped) none.
-    return minibatch, rows // minibatch or int(rows >= processes)
+    return min(max(table_rows // minibatch_size, 1), rows // processes)
+
+
+def micro_weight(loss_type: str, micro_rows: int, minibatch_rows: int, world: int, accum: int) -> float:
+    """What one micro-batch's loss is multiplied by before its backward, so the step's gradient is the minibatch's loss.
+
+    grpo and dr_grpo average over rows: a micro-batch weighs its share of the minibatch's rows (times `world`, since DDP
+    averages the ranks' gradients), which is 1 / accum when they split evenly. bnpo averages each micro-batch's tokens
+    (TRL's local batch) and dapo divides by the minibatch's tokens already: 1 / accum.
+
+    >>> micro_weight("grpo", 2, 16, 1, 8), micro_weight("grpo", 3, 14, 2, 2), micro_weight("dapo", 3, 14, 2, 2)
+    (0.125, 0.42857142857142855, 0.5)
+    """
+    return micro_rows * world / minibatch_rows if loss_type in ("grpo", "dr_grpo") else 1 / accum
 
 
 def shard_model(model) -> None:
@@ -251,20 +264,21 @@ def resume_point(accelerator, state_dir: Path | None, fingerprint: dict | None, 
     return 0, [], None
 
 
-def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], accelerator, params: TrainParams, *, num_items: float,
-               ref_model, pad_id: int, temperature: float, max_new_tokens: int) -> dict:
+def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], accelerator, params: TrainParams, *, minibatch_rows: int,
+               num_items: float, ref_model, pad_id: int, temperature: float, max_new_tokens: int) -> dict:
     """The forward and backward passes of one optimizer step over this rank's micro-batches (the last one syncs gradients).
 
     On a CPU a micro-batch whose completion logits would pass PLAIN_LOGITS_MAX goes through in chunks of
     `plain_rows`, a backward each, its loss weighted by the chunk's share of what the loss type averages over: the
     same gradient, a fraction of the memory (TRL's fused head, which it would take otherwise, makes GBs of CPU tiles).
-    Returns the step's sums on this rank: `loss` (already divided by the accumulation steps), `tokens`, and each of
+    Returns the step's sums on this rank: `loss` (each micro-batch's weighted by `micro_weight`), `tokens`, and each of
     TOKEN_METRICS weighted by its micro-batch's tokens.
     """
     accum = len(micro_batches)
     sums = dict.fromkeys(TOKEN_METRICS, 0.0) | {"loss": 0.0, "tokens": 0.0}
     for micro_index, micro in enumerate(micro_batches):
         rows = micro.tolist()
+        weight = micro_weight(params.loss_type, len(rows), minibatch_rows, accelerator.num_processes, accum)
         size = plain_rows(model, [batch.prompt_ids[i] for i in rows], [batch.completion_ids[i] for i in rows])
         chunks = [rows[start : start + size] for start in range(0, len(rows), size)]
         for chunk_index, chunk in enumerate(chunks):
@@ -293,12 +307,12 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
                                             epsilon=params.epsilon, epsilon_high=params.epsilon_high, ref_logprobs=ref, beta=loss_beta(params),
                                             max_completion_length=max_new_tokens, num_items=num_items, num_processes=accelerator.num_processes,
                                             sampler_weights=weights)
-                accelerator.backward(loss * share / accum)
+                accelerator.backward(loss * share * weight)
             chunk_tokens = mask.sum().item()
             metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1)).item()
             for key in TOKEN_METRICS:
                 sums[key] += metrics[key] * chunk_tokens
-            sums["loss"] += loss.item() * share / accum
+            sums["loss"] += loss.item() * share * weight
             sums["tokens"] += chunk_tokens
     return sums
 
@@ -328,8 +342,8 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
         raise ValueError(f"train.minibatch_size={params.minibatch_size} must divide evenly over {world} processes x {accum} accumulation steps")
     batch = prepare_batch(rollouts, rewards, params, group_size, token_advantages, vision)
     n = len(batch)
-    minibatch, steps_per_epoch = step_plan(n, rollouts.num_rows, params.minibatch_size, world * accum)
-    total_steps = params.epochs * steps_per_epoch
+    steps = steps_per_epoch(n, rollouts.num_rows, params.minibatch_size, world * accum)
+    total_steps = params.epochs * steps
 
     if params.gradient_checkpointing:
         model.config.use_cache = False
@@ -345,12 +359,12 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     bar = tqdm(total=total_steps, initial=start_step, desc="train", disable=None if progress and rank == 0 else True, leave=False)  # None: only on a terminal
     for epoch in range(params.epochs):
         order = torch.randperm(n, generator=torch.Generator().manual_seed(seed * 1000 + epoch))  # a function of (seed, epoch): resumable
-        for index in range(steps_per_epoch):
+        for rows in order.tensor_split(steps) if steps else []:
             step += 1
             if step <= start_step:
                 continue
-            rows = order[index * minibatch : (index + 1) * minibatch]
             step_sums = train_step(model, batch, rows.tensor_split(world)[rank].tensor_split(accum), accelerator, params,  # this rank's slice
+                                   minibatch_rows=len(rows),
                                    num_items=batch.tokens[rows].sum().item() / accum,  # dapo: tokens of the global minibatch, per micro-step
                                    ref_model=ref_model, pad_id=pad_id, temperature=temperature, max_new_tokens=max_new_tokens)
             grad_norm = accelerator.clip_grad_norm_(model.parameters(), params.max_grad_norm)
@@ -389,7 +403,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
         getattr(model, "activation_checkpointing_disable", model.gradient_checkpointing_disable)()
 
     result = round_metrics(_reduce(accelerator, sums), sums, batch, rollouts, group_size, steps=step, start_step=start_step, elapsed=elapsed,
-                           minibatch=minibatch, world=world)
+                           minibatch=-(-n // steps) if steps else 0, world=world)
     result.update(mixed_precision=accelerator.mixed_precision, carried_optimizer_state=optimizer_state is not None)
     if full_weights is not None:  # the unwrapped FSDP model holds this rank's shards only: rank 0 gets a whole copy
         model = _whole_copy(model, full_weights) if accelerator.is_main_process else None

@@ -236,13 +236,20 @@ def test_dropping_trains_exactly_as_a_table_of_the_informative_groups(four_group
     assert metrics["equal_reward_group_share"] == 0.5 and metrics["reward_mean"] == pytest.approx(4 / 8)  # the whole round's rewards
 
 
-def test_the_shrunk_minibatch_still_splits_into_micro_batches(four_groups):
-    params = DROP.model_copy(update={"minibatch_size": 4, "gradient_accumulation_steps": 2})
-    totals = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.0]  # one group of four all equal: 4 x 6/8 = 3 completions, rounded down to 2
-    model, metrics, _, _ = train_on_rollouts(new_tiny_model(0), four_groups, rewards_for(four_groups, totals), params, group_size=2,
-                                             temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4, progress=False)
-    assert metrics["minibatch_size"] == 2 and metrics["steps"] == 3 and metrics["dropped_groups"] == 1
+def test_every_informative_row_is_trained_on_in_as_many_steps_as_the_whole_table_takes(four_groups):
+    """6 informative rows of 8, minibatch_size 4: 2 steps of 3 rows (not 3 steps of 2), micro-batches of 2 and 1 rows
+    weighted by their rows, so accumulating gives the update of one 3-row micro-batch."""
+    totals = [1.0, 0.0, 1.0, 1.0, 0.0, 1.0, 0.5, 0.0]  # one group of four all equal
+    run = lambda accum: train_on_rollouts(new_tiny_model(0), four_groups, rewards_for(four_groups, totals),  # noqa: E731
+                                          DROP.model_copy(update={"minibatch_size": 4, "gradient_accumulation_steps": accum}), group_size=2,
+                                          temperature=TEMPERATURE, pad_id=0, seed=0, max_new_tokens=4, progress=False)
+    model, metrics, history, _ = run(2)
+    whole, _, whole_history, _ = run(1)
+    assert metrics["minibatch_size"] == 3 and metrics["steps"] == 2 and metrics["trained_rows"] == 6 and metrics["dropped_groups"] == 1
     assert not same_weights(model, new_tiny_model(0))
+    assert [h["loss"] for h in history] == pytest.approx([h["loss"] for h in whole_history], rel=1e-5)
+    for key, value in whole.state_dict().items():
+        torch.testing.assert_close(model.state_dict()[key], value)
 
 
 def test_a_round_with_every_group_dropped_keeps_the_weights_and_the_optimizer_state(rollouts):
