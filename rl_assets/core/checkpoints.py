@@ -16,15 +16,21 @@ from rl_assets.core.storage import atomic_path, dir_hash
 LINEAGE_FILE = "lineage.json"
 
 
+# What the pipeline itself rewrites as it runs: a changed record is not changed code (runs differ across machines).
+PIPELINE_RECORDS = ":(top,exclude,glob)**/dvc.lock"
+
+
 def code_version() -> str:
-    """The git commit of the code that produced an output ('+dirty' with local changes)."""
+    """The git commit of the code that produced an output ('+dirty' with local changes to tracked files other than dvc.lock)."""
     try:
-        return subprocess.run(["git", "describe", "--always", "--dirty=+dirty", "--abbrev=12"], capture_output=True,
-                              text=True, check=True, timeout=10).stdout.strip()
+        commit = subprocess.run(["git", "describe", "--always", "--abbrev=12"], capture_output=True, text=True, check=True,
+                                timeout=10).stdout.strip()
+        changed = subprocess.run(["git", "diff", "--quiet", "HEAD", "--", ":/", PIPELINE_RECORDS], capture_output=True, timeout=10)
     except (OSError, subprocess.SubprocessError):
         from rl_assets import __version__
 
         return f"rl-assets {__version__}"
+    return commit + ("+dirty" if changed.returncode != 0 else "")
 
 
 def save_checkpoint(model, tokenizer, path: str | Path, lineage: dict, lora=None, dtype=None, processor=None) -> str:

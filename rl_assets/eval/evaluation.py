@@ -143,14 +143,18 @@ EVALUATIONS = "evaluations"  # inside the data folder: each checkpoint's evaluat
 
 
 def evaluation_key(params, data: Path, precision: str = "no") -> str:
-    """Names one evaluation: held-out prompts file, evaluation and rewards params, seed, precision; equal keys compare fairly."""
+    """Names one evaluation: held-out prompts file, evaluation and rewards params, seed, precision, and the code that
+    samples and scores (the project's and the user's reward modules); equal keys compare fairly."""
     from rl_assets.core.paths import output_path
+    from rl_assets.core.stage_table import code_hashes, stage_code
     from rl_assets.core.storage import file_hash
 
     episodes = params.rollouts.episodes  # an evaluation in an environment is another evaluation
     limits = [episodes, params.rollouts.max_turns, params.rollouts.max_episode_tokens] if episodes else []
+    code = sorted(code_hashes(stage_code("evaluation", params)).values())  # an edited reward module scores otherwise
     blob = json.dumps([file_hash(output_path("prompts", data)), params.evaluation.model_dump(mode="json"),
-                       params.rewards.model_dump(mode="json"), params.seed] + ([precision] if precision != "no" else []) + limits, sort_keys=True)
+                       params.rewards.model_dump(mode="json"), params.seed, code] + ([precision] if precision != "no" else []) + limits,
+                      sort_keys=True)
     return hashlib.sha256(blob.encode()).hexdigest()[:16]
 
 

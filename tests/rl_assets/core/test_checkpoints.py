@@ -94,3 +94,26 @@ def test_a_compact_checkpoint_is_rounded_on_disk_and_the_chain_loads_its_float32
     master_weights_path("other-id", data).rename(master_weights_path(saved_id, data))
     with pytest.raises(MissingRunState, match=f"holds the weights of checkpoint other-id, not {saved_id}"):
         load_policy(path, chain=True)
+
+
+def test_code_version_is_dirty_for_changed_code_not_for_a_rewritten_dvc_lock(tmp_path, monkeypatch):
+    """make run rewrites the tracked dvc.lock (runs differ across machines): that is a record, not a code change."""
+    import subprocess
+
+    from rl_assets.core.checkpoints import code_version
+
+    git = lambda *args: subprocess.run(["git", "-c", "user.email=t@t", "-c", "user.name=t", *args], cwd=tmp_path, check=True)  # noqa: E731
+    (tmp_path / "sub").mkdir()
+    for name in ("dvc.lock", "sub/dvc.lock", "train.py"):
+        (tmp_path / name).write_text("one\n")
+    git("init", "-q")
+    git("add", ".")
+    git("commit", "-qm", "first")
+    monkeypatch.chdir(tmp_path / "sub")
+    clean = code_version()
+    assert len(clean) == 12 and not clean.endswith("+dirty")
+    (tmp_path / "dvc.lock").write_text("rewritten by a run\n")
+    (tmp_path / "sub" / "dvc.lock").write_text("rewritten by a run\n")
+    assert code_version() == clean
+    (tmp_path / "train.py").write_text("two\n")
+    assert code_version() == clean + "+dirty"

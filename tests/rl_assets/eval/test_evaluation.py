@@ -127,3 +127,21 @@ def test_summary_text_with_gain_and_no_greedy(tmp_path):
     assert lines[0] == "held-out accuracy by math_answer (sampled at T=0.7, 2 samples/prompt, 150 prompts; gain vs r00 ± paired SE)"
     assert lines[2].split() == ["r00/checkpoint", "r00r00r00r00", "-", "0.300", "+0.0p", "0.300", "0.300"]
     assert lines[3].split() == ["r01/checkpoint", "r01r01r01r01", "-", "0.450", "+15.0", "±", "3.2p", "0.450", "0.450"]
+
+
+def test_an_edited_reward_module_is_another_evaluation(tmp_path, monkeypatch):
+    """The cached result of r00 must not outlive the reward code that scored it: the key covers the user's module."""
+    from rl_assets.core.params_file import parse_params
+    from rl_assets.eval.evaluation import evaluation_key
+
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "my_rewards.py").write_text("def exact(completions, answer, **kwargs):\n    return [float(c == a) for c, a in zip(completions, answer)]\n")
+    prompts = output_path("prompts", tmp_path / "data")
+    prompts.parent.mkdir(parents=True)
+    prompts.write_bytes(b"the same held-out prompts")
+    raw = {"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "rewards": {"functions": [{"name": "my_rewards:exact"}]}}
+    params = parse_params(raw)
+    before = evaluation_key(params, tmp_path / "data")
+    assert evaluation_key(params, tmp_path / "data") == before  # nothing changed: the result is reused
+    (tmp_path / "my_rewards.py").write_text("def exact(completions, answer, **kwargs):\n    return [float(a in c) for c, a in zip(completions, answer)]\n")
+    assert evaluation_key(params, tmp_path / "data") != before
