@@ -19,6 +19,7 @@ import logging
 import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -66,8 +67,12 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
             from pipelines.definitions import defs
 
             specs = defs().resolve_all_asset_specs()
+            from pipelines.dvc_outputs import adopt_dvc_outputs
+
+            adopt_dvc_outputs(instance, specs, params, data_dir(params.experiment), say)  # after a plain `dvc pull`
             reasons = outdated_assets(instance, specs, data_dir(params.experiment), models=Path(params.promotion.directory),
-                                      run_state=params.train.carry_optimizer_state or params.train.checkpoint_dtype != "float32")
+                                      run_state=params.train.carry_optimizer_state or params.train.checkpoint_dtype != "float32",
+                                      params=params)
             if params.experiment == "default":  # retired checkpoints a step that runs reads: from the remote, or made again
                 from pipelines.retention import needed_again
 
@@ -227,8 +232,9 @@ def failure_report(instance, run_id: str, names: dict[str, str] | None = None) -
               if selected is None or asset in selected]
     if skipped:
         shown = ", ".join(assets[:6]) + (f", ... ({len(assets) - 6} more)" if len(assets) > 6 else "")
-        checks = len(skipped) - len(assets)
-        lines.append(f"skipped: {len(assets)} assets after the failure ({shown or 'none'})" + (f" and {checks} check steps" if checks else ""))
+        checks = sum(name.startswith("checks of ") for name in skipped)  # not len(skipped) - len(assets): one step may write several
+        lines.append(f"skipped: {len(assets)} assets after the failure ({shown or 'none'})"
+                     + (f" and {checks} check step{'s' if checks > 1 else ''}" if checks else ""))
     if not lines:
         written = sorted({output_key(e.dagster_event.asset_key.path)
                           for e in instance.all_logs(run_id, of_type=DagsterEventType.ASSET_MATERIALIZATION)})
@@ -250,10 +256,19 @@ def latest_run(experiment: str | None = None) -> dict | None:
         checks = [e.dagster_event.event_specific_data for e in instance.all_logs(record.dagster_run.run_id, of_type=DagsterEventType.ASSET_CHECK_EVALUATION)]
         tags = record.dagster_run.tags
         return {"run_id": record.dagster_run.run_id, "status": record.dagster_run.status.value,
-                "started": record.start_time, "ended": record.end_time,
+                "started": local_time(record.start_time), "ended": local_time(record.end_time),
                 "failed_checks": [f"{output_key(c.asset_key.path)}:{c.check_name}" for c in checks if not c.passed],
                 "experiment": tags.get("rl_assets/experiment"), "params_file": tags.get("rl_assets/params_file"),
                 "overrides": [o for o in tags.get("rl_assets/overrides", "").split(";") if o], "params_hash": tags.get("rl_assets/params_hash")}
+
+
+def local_time(seconds: float | None) -> str | None:
+    """A Dagster timestamp (seconds since the epoch) as this machine's local time, ISO 8601 with its UTC offset.
+
+    >>> local_time(1700000000.5)[:10] in ("2023-11-14", "2023-11-15"), local_time(None)  # 22:13:20 UTC, any zone's date
+    (True, None)
+    """
+    return None if seconds is None else datetime.fromtimestamp(seconds).astimezone().isoformat(timespec="seconds")
 
 
 def _latest_run_id() -> str | None:
@@ -289,10 +304,13 @@ def print_status() -> int:
     from pipelines.params import load_project_params
 
     # $RL_ASSETS_PARAMS names an experiment: its latest run; else the latest run of any experiment, with its own params
-    run = latest_run(load_project_params().experiment if os.environ.get("RL_ASSETS_PARAMS") else None)
-    healthy = run is None or run["status"] not in ("FAILURE", "CANCELED")
+    experiment = load_project_params().experiment if os.environ.get("RL_ASSETS_PARAMS") else None
+    run = latest_run(experiment)
+    healthy = None if run is None else run["status"] not in ("FAILURE", "CANCELED")  # None: nothing ran to be healthy or not
     params, note = run_params(run)
     status = {"healthy": healthy, "latest_run": run, "experiment": params.experiment, **project_status(Path("."), params)}
+    if run is None:
+        status["never_ran"] = (f"experiment {experiment!r} has" if experiment else "this project has") + " no run yet: `rl-assets run` starts one"
     from dagster import DagsterInstance
 
     from pipelines.outdated import changed_outputs
@@ -300,15 +318,15 @@ def print_status() -> int:
     with DagsterInstance.get() as instance:  # outputs truncated, overwritten or deleted since they were recorded
         status["changed_outputs"] = changed_outputs(instance, params.rounds, params.experiment, data_dir(params.experiment),
                                                     Path(params.promotion.directory))
-    status["healthy"] = healthy = (healthy and not any(step["stale"] for step in status["running_steps"])  # a hung step
-                                   and not status["changed_outputs"] and not status["other_experiment_outputs"])
+    if any(step["stale"] for step in status["running_steps"]) or status["changed_outputs"] or status["other_experiment_outputs"]:
+        status["healthy"] = False  # a hung step, an output changed on disk, another experiment's outputs: whether or not a run was made
     if note:
         status["params_note"] = note
     from pipelines.remote import last_push
 
     status["storage"] = last_push()  # the last push to the remote: where, when, what is not there
     print(json.dumps(status, indent=2, default=str))
-    return 0 if healthy else 1
+    return 1 if status["healthy"] is False else 0
 
 
 def storage_command(args, params) -> int:
@@ -351,8 +369,11 @@ def refuse_params_under_dvc() -> str | None:
     steered += [f"RL_ASSETS_SET={os.environ['RL_ASSETS_SET']}"] if os.environ.get("RL_ASSETS_SET") else []
     if not steered:
         return None
+    stage = os.environ["DVC_STAGE"]
+    # DVC removed the stage's outputs before it ran this command; its cache still holds the ones dvc.lock records
     return (f"dvc repro reproduces params.yaml, and dvc.lock records its values, but {' and '.join(steered)} would make this stage "
-            "from other params; unset it, or run `rl-assets run` with it (that run records the params it used in dvc.lock)")
+            "from other params; unset it, or run `rl-assets run` with it (that run records the params it used in dvc.lock). "
+            f"DVC removed {stage}'s outputs before running it: `dvc checkout {stage}` brings back the ones dvc.lock records")
 
 
 def main(argv=None) -> int:
@@ -410,6 +431,12 @@ def main(argv=None) -> int:
             return 0
         Path("dvc.yaml").write_text(text)
         print(f"wrote dvc.yaml ({text.count('cmd:')} stages)")
+        import yaml
+
+        from pipelines.dvc import prune_lock
+
+        if dropped := prune_lock(set(yaml.safe_load(text)["stages"])):
+            print(f"dvc.lock: dropped {len(dropped)} stages dvc.yaml no longer has ({', '.join(dropped)})")
         return 0
 
     use_project_instance()

@@ -358,6 +358,25 @@ def record_run_params(values_by_stage: dict[str, dict]) -> list[str]:
     return replaced
 
 
+def prune_lock(stages: set[str] | list[str], lock_path: Path = Path("dvc.lock")) -> list[str]:
+    """Drop dvc.lock's entries of stages that dvc.yaml no longer has (fewer rounds after `dvc-sync`); the stages dropped.
+
+    DVC keeps them, and then `dvc pull` or `dvc checkout` of a stage list taken from the lock fails on a name dvc.yaml
+    lacks ("does not exist as an output or a stage name"), on this machine or on a fresh one that pulls the lock.
+    """
+    if not lock_path.is_file():
+        return []
+    with _dvc_lock_held():
+        lock = load_yaml(lock_path) or {}
+        gone = [stage for stage in lock.get("stages", {}) if stage not in stages]
+        for stage in gone:
+            del lock["stages"][stage]
+        if gone:
+            with atomic_path(lock_path) as tmp:
+                tmp.write_text(yaml.dump(lock, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False, width=120))
+    return gone
+
+
 def load_yaml(path: Path):
     """`yaml.safe_load` of a file, through libyaml when PyYAML has it (10x faster on dvc.lock and dvc.yaml)."""
     return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
@@ -429,10 +448,9 @@ def stage_spec(key: str, upstream: list[str], params_sections: list[str], code: 
         "params": params_sections,
         "outs": outs,
     }
-    if key == "evaluation":
-        stage["metrics"] = [{(DATA / EVALUATION_METRICS).as_posix(): {"cache": False}}]
-        stage["plots"] = [{(DATA / EVALUATION_PLOT).as_posix(): {"cache": False}},
-                          {(DATA / ROUND_PLOTS).as_posix(): {"cache": False, "x": "round", "y": "value"}}]
+    if key == "evaluation":  # cached like every output: data/ is not in git, so only DVC's cache and remote carry them
+        stage["metrics"] = [(DATA / EVALUATION_METRICS).as_posix()]
+        stage["plots"] = [(DATA / EVALUATION_PLOT).as_posix(), {(DATA / ROUND_PLOTS).as_posix(): {"x": "round", "y": "value"}}]
     return stage
 
 

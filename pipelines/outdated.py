@@ -20,6 +20,7 @@ badge for this graph (every asset has a code version and a data version), withou
 from __future__ import annotations
 
 import functools
+import json
 from graphlib import TopologicalSorter
 from pathlib import Path
 
@@ -82,12 +83,13 @@ def passed_checks(instance: DagsterInstance, run_id: str) -> set[tuple[AssetKey,
 
 
 def outdated_assets(instance: DagsterInstance, specs: list[AssetSpec], data: Path = Path("data"), models: Path = Path("models"),
-                    run_state: bool = False) -> dict[AssetKey, str]:
+                    run_state: bool = False, params=None) -> dict[AssetKey, str]:
     """{asset key: why it must run}, in flow order, for every asset of `specs` (`Definitions.resolve_all_asset_specs`)
-    whose output in the data folder `data` (paths.data_dir) is not up to date."""
+    whose output in the data folder `data` (paths.data_dir) is not up to date. With the `params` the specs were made
+    from, a changed code version names the params keys and code files that changed (`what_changed`)."""
     forced: dict[AssetKey, str] = {}
     while True:
-        reasons = _outdated(instance, specs, data, models, forced)
+        reasons = _outdated(instance, specs, data, models, forced, params)
         lost = _parents_with_lost_run_state(reasons, data) if run_state else {}
         if not lost:
             return reasons
@@ -112,9 +114,10 @@ def _parents_with_lost_run_state(reasons: dict[AssetKey, str], data: Path) -> di
     return lost
 
 
-def stale_reason(spec: AssetSpec, tags: dict[str, str], current: dict[AssetKey, str | None]) -> str | None:
+def stale_reason(spec: AssetSpec, tags: dict[str, str], current: dict[AssetKey, str | None], changed=None) -> str | None:
     """Why the materialization with `tags` is stale for `spec` now (None when it is not): its code version changed, or an
     input's data version is not the one it was made from. `current`: each asset's latest data version (None: never made).
+    `changed()`: what changed when the code version did, in words (`what_changed`); None leaves the two hashes.
 
     >>> spec = AssetSpec("b", deps=["a"], code_version="v2")
     >>> made = {"dagster/code_version": "v2", "dagster/input_data_version/a": "x"}
@@ -124,6 +127,8 @@ def stale_reason(spec: AssetSpec, tags: dict[str, str], current: dict[AssetKey, 
     'stale: its code version changed (v1 -> v2)'
     """
     if spec.code_version is not None and tags.get(CODE_VERSION) != spec.code_version:
+        if changed is not None and (what := changed()):
+            return f"stale: {what}"
         return f"stale: its code version changed ({tags.get(CODE_VERSION)} -> {spec.code_version})"
     for dep in spec.deps:
         used, now = tags.get(f"{INPUT_DATA_VERSION}/{dep.asset_key.to_user_string()}"), current.get(dep.asset_key)
@@ -132,7 +137,74 @@ def stale_reason(spec: AssetSpec, tags: dict[str, str], current: dict[AssetKey, 
     return None
 
 
-def _outdated(instance: DagsterInstance, specs: list[AssetSpec], data: Path, models: Path, forced: dict[AssetKey, str]) -> dict[AssetKey, str]:
+def what_changed(name: str, params, data: Path) -> str | None:
+    """The params keys and code files of output `name` whose values differ from those its output on disk recorded when it was
+    made (`stage_table.stage_lineage`: the same two things the code version hashes), in words; None when the output recorded
+    none (raw_data, prompts) or nothing differs.
+
+    Read after `_changed_on_disk`: the output on disk is the one the latest materialization made.
+    """
+    from rl_assets.core.paths import stage_of
+    from rl_assets.core.stage_table import stage_lineage
+
+    try:
+        stage = stage_of(name)[0]
+        recorded = _recorded_lineage(output_path(name, data))
+    except (ValueError, OSError):  # not a compute stage's output, or an unreadable record: the hashes say what is known
+        return None
+    if not isinstance(recorded.get("params"), dict) or not isinstance(recorded.get("code"), dict):
+        return None
+    now = stage_lineage(stage, params)
+    keys = _differences(recorded["params"], now["params"])
+    before, after = recorded["code"].get(stage, {}), now["code"][stage]
+    files = [path for path in sorted(set(before) | set(after)) if before.get(path) != after.get(path)]
+    parts = ([f"params changed ({_listed(keys)})"] if keys else []) + ([f"code changed ({_listed(files)})"] if files else [])
+    return " and ".join(parts) or None
+
+
+def _recorded_lineage(path: Path) -> dict:
+    """What the output at `path` recorded about how it was made: a model folder's lineage card, a table's file metadata."""
+    from rl_assets.core.schemas import table_lineage
+
+    if path.is_dir():
+        from rl_assets.core.checkpoints import read_lineage
+
+        return read_lineage(path)
+    return table_lineage(path) if path.is_file() else {}
+
+
+_ABSENT = object()
+
+
+def _differences(before, after, path: str = "") -> list[str]:
+    """`key: old -> new` for every leaf where two params mappings differ.
+
+    >>> _differences({"train": {"learning_rate": 1e-05, "epochs": 2}, "seed": 0}, {"train": {"learning_rate": 0.0001, "epochs": 2}, "seed": 0})
+    ['train.learning_rate: 1e-05 -> 0.0001']
+    >>> _differences({"rewards": {"functions": [{"name": "a", "weight": 1.0}]}}, {"rewards": {"functions": [{"name": "a", "weight": 2.0}]}})
+    ['rewards.functions[0].weight: 1.0 -> 2.0']
+    """
+    if isinstance(before, dict) and isinstance(after, dict):
+        return [change for key in sorted(set(before) | set(after))
+                for change in _differences(before.get(key, _ABSENT), after.get(key, _ABSENT), f"{path}.{key}" if path else key)]
+    if isinstance(before, list) and isinstance(after, list) and len(before) == len(after):  # rewards.functions[0].weight
+        return [change for i, (old, new) in enumerate(zip(before, after)) for change in _differences(old, new, f"{path}[{i}]")]
+    if before == after:
+        return []
+    shown = lambda value: "unset" if value is _ABSENT else _short(json.dumps(value))  # noqa: E731
+    return [f"{path}: {shown(before)} -> {shown(after)}"]
+
+
+def _short(text: str, limit: int = 40) -> str:
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _listed(items: list[str], shown: int = 3) -> str:
+    return "; ".join(items[:shown]) + (f"; and {len(items) - shown} more" if len(items) > shown else "")
+
+
+def _outdated(instance: DagsterInstance, specs: list[AssetSpec], data: Path, models: Path, forced: dict[AssetKey, str],
+              params=None) -> dict[AssetKey, str]:
     by_key = {spec.key: spec for spec in specs}
     order = TopologicalSorter({spec.key: [d.asset_key for d in spec.deps if d.asset_key in by_key] for spec in specs}).static_order()
     events = instance.get_latest_materialization_events(list(by_key))
@@ -151,7 +223,8 @@ def _outdated(instance: DagsterInstance, specs: list[AssetSpec], data: Path, mod
             reasons[key] = why
         elif upstream:
             reasons[key] = f"{output_key(upstream[0].path)} runs first"
-        elif why := stale_reason(spec, dict(event.asset_materialization.tags or {}), current):
+        elif why := stale_reason(spec, dict(event.asset_materialization.tags or {}), current,
+                                 functools.partial(what_changed, output_key(key.path), params, data) if params is not None else None):
             reasons[key] = why
         elif missed := missed_guards(instance, key, event, passed_in):
             reasons[key] = f"its blocking check {missed[0]} did not pass on its latest materialization"

@@ -255,7 +255,7 @@ def summary(pushed: dict | None) -> str:
 def pull(instance, params: Params, say=print) -> dict:
     """Make this project what the remote holds: dvc.lock, the outputs, run state and promoted models, and Dagster's record
     of each output (so `rl-assets run` continues where the pushing machine stopped)."""
-    from pipelines.dvc import dvc_executable, dvc_message
+    from pipelines.dvc import dvc_executable, dvc_message, load_yaml, prune_lock
 
     name = remote_name(params.storage)
     if name is None:
@@ -269,11 +269,14 @@ def pull(instance, params: Params, say=print) -> dict:
         with atomic_path(lock) as tmp:
             tmp.write_text(state["dvc_lock"])
         say(f"dvc.lock: the remote's (pushed {state['pushed_at']})")
+    graph = set((load_yaml(Path("dvc.yaml")) or {}).get("stages", {})) if Path("dvc.yaml").is_file() else set()
+    if dropped := prune_lock(graph):  # pushed before a `dvc-sync` to fewer rounds: this project's dvc.yaml has no such stage
+        say(f"dvc.lock: left out {len(dropped)} stages this project's dvc.yaml does not have ({', '.join(dropped)})")
     files = _helper({"action": "get-files", "remote": name})["files"]
     from rl_assets.core.checkpoints import RETIRED_FILE
 
     retired = {note.parent.as_posix() for note in DATA.glob(f"r[0-9][0-9]/*/{RETIRED_FILE}")}
-    stages = [stage for stage, entry in _lock_outputs(state["dvc_lock"]).items() if not set(entry) & retired]
+    stages = [stage for stage, entry in _lock_outputs(lock.read_text()).items() if not set(entry) & retired]
     done = subprocess.run([dvc_executable(), "pull", "--force", "-r", name, *stages], capture_output=True, text=True)
     if done.returncode != 0:
         say(f"warning: dvc pull: {dvc_message(done)}")

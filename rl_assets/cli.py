@@ -1,6 +1,6 @@
 """The library's commands of `rl-assets`: what reads, samples or serves the project's outputs without Dagster.
 
-    rl-assets lineage data/r02/checkpoint         walk a checkpoint back to its raw data
+    rl-assets lineage r02                         walk a checkpoint back to its raw data (id, rNN, folder, promoted)
     rl-assets report                              the evaluation table
     rl-assets query "select round, avg(reward) from rewards group by round"   (views over every table)
     rl-assets generate --checkpoint promoted "7*8="   sample from any checkpoint (id, rNN, folder, promoted); --values: PPO's estimates;
@@ -36,7 +36,7 @@ COMMANDS = ("lineage", "report", "query", "generate", "rollback", "serve", "trac
 def add_commands(commands) -> None:
     """Add the library's commands to the `rl-assets` parser's subparsers."""
     lineage = commands.add_parser("lineage", help="walk a checkpoint back to its raw data")
-    lineage.add_argument("checkpoint", help="checkpoint folder, e.g. data/r02/checkpoint")
+    lineage.add_argument("checkpoint", help="promoted, rNN, a checkpoint folder (e.g. data/r02/checkpoint) or id (prefix)")
     lineage.add_argument("--json", action="store_true", help="print the trace as JSON")
     commands.add_parser("report", help="print the evaluation table")
     query = commands.add_parser("query", help="run SQL with DuckDB over views of every table (raw_data, prompts, rollouts, "
@@ -88,9 +88,12 @@ def run_command(args: argparse.Namespace, *, latest_run_id: Callable[[], str | N
     try:
         if args.command == "lineage":
             from rl_assets.eval.lineage import format_trace, problems, trace_checkpoint
+            from rl_assets.serve.generate import resolve_checkpoint
 
+            params = _params()  # `r02`, `promoted` and ids are found the way `generate --checkpoint` and serve's "model" find them
+            path = resolve_checkpoint(args.checkpoint, params.promotion, Path("."), data_dir(params.experiment))
             # a round's checkpoint names its experiment's data folder; another folder (a promoted model): $RL_ASSETS_PARAMS's
-            steps = trace_checkpoint(args.checkpoint, Path("."), data_dir_of(Path(args.checkpoint)) or data_dir(_params().experiment))
+            steps = trace_checkpoint(path, Path("."), data_dir_of(path) or data_dir(params.experiment))
             print(json.dumps(steps, indent=2, default=str) if args.json else format_trace(steps))
             if found := problems(steps):  # a trace through missing or changed files is not a lineage to rely on
                 print(f"rl-assets lineage: {len(found)} problem(s):\n  " + "\n  ".join(found), file=sys.stderr)

@@ -380,6 +380,17 @@ class EvaluationParams(Section):
     correctness: str | None = Field(None, description="The reward function (its score column name) whose score 1 counts as correct; "
                                                       "default: the first of rewards.functions.")
 
+    def correctness_problem(self, rewards: RewardsParams) -> str | None:
+        """Why `correctness` names none of the reward functions' score columns (None when it names one).
+
+        Checked by the preflight after it loads the reward functions, not while parsing: a misspelt function
+        ('my_rewards:corect') changes its score column too, and its own error is the one that points at the fix.
+        """
+        names = [f.score_name for f in rewards.functions]
+        if self.correctness is None or self.correctness in names:
+            return None
+        return f"evaluation.correctness: {self.correctness!r} is not one of the reward functions {names}"
+
 
 class GuardsParams(Section):
     kl_max: float = Field(0.03, gt=0, description="A checkpoint whose KL to the reference exceeds this fails its blocking check; later rounds stop.")
@@ -418,13 +429,6 @@ class Params(Section):
     promotion: PromotionParams = Field(default_factory=PromotionParams)
     tracking: TrackingParams = Field(default_factory=TrackingParams, description="Experiment trackers (TensorBoard by default).")
     storage: StorageParams = Field(default_factory=StorageParams, description="A remote for outputs and run state, and retention.")
-
-    @model_validator(mode="after")
-    def _check_correctness(self):
-        names = [f.score_name for f in self.rewards.functions]
-        if self.evaluation.correctness is not None and self.evaluation.correctness not in names:
-            raise ValueError(f"evaluation.correctness: {self.evaluation.correctness!r} is not one of the reward functions {names}")
-        return self
 
     @model_validator(mode="after")
     def _check_vision(self):

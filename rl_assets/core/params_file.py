@@ -3,12 +3,14 @@ overrides applied, then validated, each error naming the file and the key path (
 
 from __future__ import annotations
 
+import difflib
 import os
 import re
+import typing
 from pathlib import Path
 
 import yaml
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from rl_assets.core.config import Params, ParamsError
 
@@ -65,15 +67,74 @@ def apply_override(raw: dict, override: str, source: str = "--set") -> None:
         raise ParamsError(f"{source}: {override!r}: the value is not valid YAML ({error.problem})") from None
 
 
-def _format_error(error: ValidationError, source: str) -> str:
+def _format_error(error: ValidationError, source: str, overrides: tuple[str, ...] | list[str] = (), written: dict | None = None) -> str:
+    """One line per error: where the value came from (the file, or the `--set` that wrote it), the key path, the message.
+
+    `written`: the params as the file has them, before the overrides.
+    """
     lines = []
     for item in error.errors():
         loc = ".".join(str(p) if not isinstance(p, int) else f"[{p}]" for p in item["loc"]).replace(".[", "[")
         message = item["msg"]
         if item["type"] == "extra_forbidden":
             message = "unknown key"
-        lines.append(f"{source}: {loc or '<top level>'}: {message}")
+            parent = loc.rpartition(".")[0]
+            if close := difflib.get_close_matches(str(item["loc"][-1]), _known_keys(item["loc"][:-1]), n=1):
+                message += f"; did you mean {parent + '.' if parent else ''}{close[0]}?"
+        lines.append(f"{_origin(item['loc'], source, overrides, written)}: {loc or '<top level>'}: {message}")
     return "\n".join(lines)
+
+
+def _origin(loc: tuple, source: str, overrides: tuple[str, ...] | list[str], written: dict) -> str:
+    """Where the value at `loc` came from: `--set KEY=VALUE` when the last override of it (or of a section holding it)
+    wrote it, or when only overrides inside it made it (`--set trian.epochs=1` makes `trian`); `FILE with --set ...` when
+    overrides changed keys inside what the file (`written`, before overrides) has; else the file. A top-level error (a
+    check across sections) names the file."""
+    path = [str(part) for part in loc if not isinstance(part, int)]
+    if not path:
+        return source
+    inside = []
+    for override in reversed(overrides):
+        keys = override.partition("=")[0].split(".")
+        if path[: len(keys)] == keys:
+            return f"--set {override}"
+        if keys[: len(path)] == path:
+            inside.insert(0, f"--set {override}")
+    if not inside:
+        return source
+    return f"{source} with {', '.join(inside)}" if _has(written, loc) else inside[-1]
+
+
+def _has(raw, loc: tuple) -> bool:
+    """Whether the mapping `raw` holds a value at `loc` (keys and list indices)."""
+    for part in loc:
+        if isinstance(part, int) and isinstance(raw, list) and part < len(raw):
+            raw = raw[part]
+        elif isinstance(raw, dict) and part in raw:
+            raw = raw[part]
+        else:
+            return False
+    return True
+
+
+def _known_keys(loc: tuple) -> list[str]:
+    """The keys the section at `loc` (a path into Params) accepts, for a "did you mean"; [] when it cannot be told."""
+    model = Params
+    for part in loc:
+        if isinstance(part, int):  # an item of a list: the list's own model already stands for it
+            continue
+        field = model.model_fields.get(part)
+        model = _model_in(field.annotation) if field is not None else None
+        if model is None:
+            return []
+    return list(model.model_fields)
+
+
+def _model_in(annotation) -> type[BaseModel] | None:
+    """The pydantic model in an annotation such as `SourceParams`, `list[SourceParams]` or `LoraParams | None`."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((model for arg in typing.get_args(annotation) if (model := _model_in(arg)) is not None), None)
 
 
 def experiment_name(params_file: str | Path) -> str:
@@ -113,7 +174,7 @@ def parse_params(raw: dict, source: str = "params.yaml", overrides: tuple[str, .
     The experiment defaults to the one `source` names, and a non-default experiment keeps its promoted
     models in models/experiments/<experiment> unless `promotion.directory` says otherwise.
     """
-    raw = resolved_raw(raw, source, overrides)
+    written, raw = raw, resolved_raw(raw, source, overrides)  # resolved_raw copies: `written` stays as the file has it
     raw.setdefault("experiment", experiment_name(source))
     promotion = raw.get("promotion")
     if raw["experiment"] != "default" and (promotion is None or isinstance(promotion, dict)) and "directory" not in (promotion or {}):
@@ -121,7 +182,7 @@ def parse_params(raw: dict, source: str = "params.yaml", overrides: tuple[str, .
     try:
         return Params.model_validate(raw)
     except ValidationError as error:
-        raise ParamsError(_format_error(error, source)) from None
+        raise ParamsError(_format_error(error, source, overrides, written)) from None
 
 
 # libyaml's loader (PyYAML's C binding) reads the same YAML ~10x faster; every code-location load reads the params file.

@@ -23,6 +23,9 @@ class SlurmParams(Section):
                                                             "params are written: a folder of the project, which every node must "
                                                             "see at the same path (as it sees data/).")
     poll_seconds: float = Field(0.5, gt=0, description="How often the step asks Slurm for its job's state (scontrol show job).")
+    heartbeat_seconds: float = Field(10.0, gt=0, description="How often the step tells its job it still runs (a file in shared_dir): "
+                                                             "a job whose step process was killed cancels itself after a few missed beats "
+                                                             "(pipelines/slurm_job.py's MISSED_BEATS).")
 
 
 class ComputeParams(Section):

@@ -160,5 +160,10 @@ def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer, image_tokens:
             dropped["too_long"] += 1
             continue
         kept.append({**row, "n_tokens": length})
+    if rows and not kept:  # an empty table would replace a good one, and the rounds fail later naming something else
+        longest = max(range(len(rows)), key=lengths.__getitem__)
+        raise ValueError(f"prompts.max_prompt_tokens: {params.max_prompt_tokens} drops every prompt ({len(rows)} of {len(rows)}); "
+                         f"the shortest has {min(lengths)} tokens, the longest {lengths[longest]} ({rows[longest]['source']} row "
+                         f"{rows[longest]['source_row']}: {rows[longest]['problem'][:60]!r}); raise it to {lengths[longest]} to keep them all")
     table = pa.Table.from_pylist(kept, schema=PROMPTS)
     return table, dropped

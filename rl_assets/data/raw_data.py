@@ -92,9 +92,10 @@ def source_inputs(params: RawDataParams, root: Path = Path(".")) -> list[str]:
 
 
 def check_sources(params: Params, source: str = "params.yaml", root: Path = Path("."), sections=("raw_data", "reward_model")) -> None:
-    """Every data source exists: raw_data.sources files, folders and generator modules, and reward_model.preference_data.
+    """Every data source exists: raw_data.sources files, folders and generator modules, and reward_model.preference_data;
+    and every row of a JSONL source fits its column mapping (`first_bad_jsonl_row`).
 
-    Raises one `ParamsError` listing each missing one as `params.yaml: raw_data.sources[1].path: file not found: data/raw/x.jsonl`.
+    Raises one `ParamsError` listing each problem as `params.yaml: raw_data.sources[1].path: file not found: data/raw/x.jsonl`.
     """
     missing = []
     for index, item in enumerate(params.raw_data.sources if "raw_data" in sections else []):
@@ -109,10 +110,34 @@ def check_sources(params: Params, source: str = "params.yaml", root: Path = Path
             missing.append(f"{key}.path: " + (f"not a folder (a save_to_disk folder is expected): {item.path}" if path.exists() else f"folder not found: {item.path}"))
         elif item.kind != "hf_dataset" and not path.is_file():
             missing.append(f"{key}.path: " + (f"not a file: {item.path}" if path.exists() else f"file not found: {item.path}"))
+        elif item.kind == "jsonl" and (bad := first_bad_jsonl_row(item, root, item.on_bad_rows or params.raw_data.on_bad_rows)):
+            missing.append(f"{key}.path: {bad}")
     if "reward_model" in sections and params.reward_model is not None and not (root / params.reward_model.preference_data).is_file():
         missing.append(f"{source}: reward_model.preference_data: file not found: {params.reward_model.preference_data}")
     if missing:
         raise ParamsError("\n".join(missing))
+
+
+def first_bad_jsonl_row(source: SourceParams, root: Path, on_bad_rows: str = "error") -> str | None:
+    """What the raw_data step would stop at in a JSONL source, named by file and line: its first bad row (undecodable text,
+    invalid JSON, not an object, a column the mapping needs missing or of the wrong type; under `on_bad_rows: skip` those
+    are dropped, not errors), or a file without rows. None when the file loads.
+
+    Read here, before a run, as the step reads it (`map_row`), so a bad line stops `rl-assets run` up front rather than the
+    run seconds later; images are left to the step (reading every one here would double its work).
+    """
+    label, columns = source_label(source), source.columns.model_copy(update={"image": None})
+    rows = 0
+    for number, record in read_jsonl(root / source.path, label):
+        try:
+            if isinstance(record, BadRow):
+                raise record
+            map_row(record, columns, where(label, "jsonl", number))
+            rows += 1
+        except BadRow as error:
+            if on_bad_rows == "error":
+                return f"{error}; raw_data.on_bad_rows: skip drops bad rows instead"
+    return None if rows else f"{label}: no rows" + (" left after skipping bad rows" if on_bad_rows == "skip" else "")
 
 
 def _records(source: SourceParams, root: Path, seed: int) -> Records:

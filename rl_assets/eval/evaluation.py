@@ -34,7 +34,12 @@ def eval_prompts(prompts: pa.Table, params: EvaluationParams) -> pa.Table:
 
 
 def correctness_function(params: EvaluationParams, rewards: RewardsParams) -> str:
-    """The score column (without `score_`) whose 1.0 means correct."""
+    """The score column (without `score_`) whose 1.0 means correct; a ValueError naming the key when there is none.
+
+    The preflight checks this once the reward functions load; a run from the UI or a schedule meets it here.
+    """
+    if why := params.correctness_problem(rewards):
+        raise ValueError(why)
     return params.correctness or rewards.functions[0].score_name
 
 

@@ -24,7 +24,8 @@ def preflight(params: Params, source: str = "params.yaml", keys: list[str] | Non
 
 
 def check_user_code(params: Params, source: str = "params.yaml") -> None:
-    """Every reward function, tool and environment that `params` name imports, with the options it is given.
+    """Every reward function, tool and environment that `params` name imports, with the options it is given, and
+    evaluation.correctness names one of the reward functions.
 
     One `ParamsError` lists every problem, each under its key as the params file spells it:
 
@@ -37,17 +38,22 @@ def check_user_code(params: Params, source: str = "params.yaml") -> None:
     rl_assets.core.config.ParamsError: params.yaml: rewards.functions[0].name: rewards.functions: unknown reward 'nope'; ...
     params.yaml: rewards.functions[1].options: reward 'format_regex' needs option 'pattern'
     """
-    problems = []
+    problems, unloaded = [], False
     for i, function in enumerate(params.rewards.functions):
         try:
             loaded = load_reward_function(function.name)
         except ValueError as error:
             problems.append(f"{source}: rewards.functions[{i}].name: {error}")
+            unloaded = True
             continue
         try:
             check_options(function.name, loaded, function.options)
         except ValueError as error:
             problems.append(f"{source}: rewards.functions[{i}].options: {error}")
+    # Only once every function loads: a misspelt one ('my_rewards:corect') also misses the score column correctness names,
+    # and its own error above is the one to fix.
+    if not unloaded and (why := params.evaluation.correctness_problem(params.rewards)):
+        problems.append(f"{source}: {why}")
     rollouts = params.rollouts
     for name in rollouts.tools:  # importable, typed, documented
         try:

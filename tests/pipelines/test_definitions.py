@@ -137,7 +137,7 @@ def test_run_with_a_misspelled_override_stops_before_any_run(micro_copy):
     """`rl-assets run --set` validates params first: a typo exits 2 naming the key, and no run starts."""
     done = python(["-m", "pipelines", "run", "--set", "train.lerning_rate=1e-4"], micro_copy, timeout=120, check=False)
     assert done.returncode == 2
-    assert "params.yaml: train.lerning_rate: unknown key" in done.stderr
+    assert "--set train.lerning_rate=1e-4: train.lerning_rate: unknown key; did you mean train.learning_rate?" in done.stderr
     assert "dagster run" not in done.stderr and not (micro_copy / "data" / "raw_data.parquet").exists()
 
 

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 import torch
-from dagster import (AssetExecutionContext, DagsterEventType, DagsterInstance, Failure, PipesSubprocessClient, RetryPolicy,
+from dagster import (AssetExecutionContext, AssetKey, DagsterEventType, DagsterInstance, Failure, PipesSubprocessClient, RetryPolicy,
                      asset, materialize)
 
 from pipelines.cli import failure_report
@@ -213,6 +213,35 @@ def test_the_report_of_a_failed_run_names_the_asset_its_error_and_what_was_skipp
     assert report[0] == "failed: r01/rewards: RuntimeError: reward 'my_rewards:score' failed: ValueError: cannot parse '7*'"
     assert report[1] == "skipped: 2 assets after the failure (r01/checkpoint, evaluation)"
     assert report[-1].startswith(f"dagster run {result.run_id}: make ui")
+
+
+def test_the_skipped_count_counts_check_steps_not_a_step_that_writes_several_assets(tmp_path):
+    """One skipped step writing three assets is three assets and no check step (it read "-2 check steps"); a check of its
+    own is one check step."""
+    from dagster import AssetCheckResult, AssetSpec, asset_check, multi_asset
+
+    @asset(key=["r01", "rewards"])
+    def rewards():
+        raise RuntimeError("reward 'my_rewards:score' failed")
+
+    @multi_asset(specs=[AssetSpec(["r01", "checkpoint"], deps=[rewards]), AssetSpec("evaluation", deps=[["r01", "checkpoint"]]),
+                        AssetSpec("promoted_model", deps=["evaluation"])], name="compute")
+    def compute():
+        return None
+
+    @asset_check(asset=AssetKey(["r01", "checkpoint"]), name="lineage")
+    def checkpoint_lineage():
+        return AssetCheckResult(passed=True)
+
+    with DagsterInstance.ephemeral(tempdir=str(tmp_path)) as instance:
+        result = materialize([rewards, compute], instance=instance, raise_on_error=False)
+        names = {"r01__rewards": "r01/rewards", "compute": "r01/checkpoint, evaluation, promoted_model"}
+        report = failure_report(instance, result.run_id, names)
+        assert report[1] == "skipped: 3 assets after the failure (r01/checkpoint, evaluation, promoted_model)"
+        result = materialize([rewards, compute, checkpoint_lineage], instance=instance, raise_on_error=False)
+        names["r01__checkpoint_lineage"] = "checks of r01/checkpoint"
+        report = failure_report(instance, result.run_id, names)
+    assert report[1] == "skipped: 3 assets after the failure (r01/checkpoint, evaluation, promoted_model) and 1 check step"
 
 
 @pytest.mark.e2e

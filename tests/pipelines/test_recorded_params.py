@@ -12,7 +12,7 @@ import json
 import pytest
 import yaml
 
-from conftest import DVC, MICRO_OUTPUTS, NO_DVC_REASON, copy_project, dvc, dvc_status, micro_params, python
+from conftest import DVC, MICRO_OUTPUTS, NO_DVC_REASON, copy_project, dvc, dvc_status, micro_params, python, run
 from rl_assets.core.params_file import apply_override
 from rl_assets.core.schemas import table_lineage
 from rl_assets.core.storage import file_hash
@@ -97,6 +97,18 @@ def test_dvc_repro_refuses_a_stage_steered_to_other_params(micro_copy):
     assert done.returncode == 2
     assert "dvc repro reproduces params.yaml" in done.stderr and "RL_ASSETS_SET=seed=3" in done.stderr
     assert not (micro_copy / MICRO_OUTPUTS["raw_data"]).exists()
+
+
+def test_a_refused_dvc_repro_says_how_to_bring_back_what_dvc_removed(reproduced_project, tmp_path):
+    """DVC deletes a stage's outputs before its command refuses: the message names the command that restores them."""
+    project = copy_project(reproduced_project["path"], tmp_path / "project")
+    output = project / MICRO_OUTPUTS["raw_data"]
+    made = file_hash(output)
+    done = run([DVC, "repro", "--force", "--single-item", "raw_data"], project, timeout=300, check=False, RL_ASSETS_SET="seed=3")
+    assert done.returncode != 0 and not output.exists()
+    assert "`dvc checkout raw_data` brings back" in done.stdout + done.stderr
+    dvc(["checkout", "raw_data"], project, timeout=180)
+    assert file_hash(output) == made and dvc_status(project) == {}
 
 
 def test_editing_a_module_a_stage_imports_marks_exactly_the_stages_that_import_it(reproduced_project, tmp_path):

@@ -217,6 +217,32 @@ def test_a_machine_lost_mid_run_continues_on_a_fresh_one_from_what_it_pushed(mic
     assert {key: checkpoint_id(fresh / "data" / key) for key in ids} == ids
 
 
+def test_fewer_rounds_after_a_push_and_a_fresh_machine_still_pulls(micro_template, tmp_path):
+    """Machine A ran two rounds and pushed; the project then goes down to one round (`dvc-sync`). A fresh clone's dvc.yaml
+    has no r02 stages: its pull leaves the remote lock's r02 entries out instead of failing on them, and A's own dvc.lock
+    drops them at `dvc-sync`, so what it pushes next names only stages dvc.yaml has."""
+    remote = str(tmp_path / "remote")
+    first = with_storage(copy_project(micro_template, tmp_path / "a"), remote=remote)
+    set_rounds(first, 2)
+    rl(first, "run")
+    r02 = ["r02-rollouts", "r02-rewards", "r02-checkpoint"]
+    fresh = with_storage(copy_project(micro_template, tmp_path / "b"), remote=remote)  # its dvc.yaml: one round
+    pulled = rl(fresh, "pull")
+    assert f"dvc.lock: left out 3 stages this project's dvc.yaml does not have ({', '.join(r02)})" in pulled.stderr, pulled.stderr
+    assert "does not exist" not in pulled.stderr and "warning: dvc pull" not in pulled.stderr
+    assert not set(r02) & set(yaml.safe_load((fresh / "dvc.lock").read_text())["stages"])
+    assert "nothing to do" in rl(fresh, "run").stderr
+
+    params = yaml.safe_load((first / "params.yaml").read_text())
+    (first / "params.yaml").write_text(yaml.safe_dump({**params, "rounds": 1}, sort_keys=False))
+    synced = python(["-m", "pipelines", "dvc-sync"], first, timeout=180)
+    assert f"dvc.lock: dropped 3 stages dvc.yaml no longer has ({', '.join(r02)})" in synced.stdout
+    lock = yaml.safe_load((first / "dvc.lock").read_text())["stages"]
+    assert not set(r02) & set(lock) and "r01-checkpoint" in lock
+    assert json.loads(subprocess.run([str(DVC), "status", "--json"], cwd=first, capture_output=True, text=True,
+                                     env=project_env(first)).stdout or "{}") == {}
+
+
 def test_a_training_state_saved_mid_round_is_pushed_and_a_fresh_machine_resumes_from_it(micro_template, tmp_path):
     """train.save_steps states go to the remote while the round trains; a fresh machine resumes from the last one pushed."""
     settings = {"minibatch_size": 2, "epochs": 200, "save_steps": 200, "keep_last": 2}  # 3,200 steps: ~10 s to push in

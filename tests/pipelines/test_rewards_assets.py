@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 import yaml
@@ -72,12 +73,15 @@ def trained_checkpoint(code_version: str | None = None):
     return checkpoint
 
 
-def stale(instance, assets, key, modules):
-    """Why `key` is stale against the specs of `assets` (None: up to date), as `rl-assets run` decides (pipelines.outdated)."""
+def stale(instance, assets, key, modules, named: bool = False):
+    """Why `key` is stale against the specs of `assets` (None: up to date), as `rl-assets run` decides (pipelines.outdated);
+    `named`: a changed code version names what changed, from what the output on disk recorded (as `run` passes its params)."""
     specs = {spec.key: spec for a in assets for spec in a.specs}
     events = instance.get_latest_materialization_events([*specs, ROLLOUTS_KEY])
     current = {k: e.asset_materialization.tags.get("dagster/data_version") if e else None for k, e in events.items()}
-    return modules["outdated"].stale_reason(specs[key], dict(events[key].asset_materialization.tags), current)
+    outdated = modules["outdated"]
+    changed = (lambda: outdated.what_changed("/".join(key.path), modules["params"].load_project_params(), Path("data"))) if named else None
+    return outdated.stale_reason(specs[key], dict(events[key].asset_materialization.tags), current, changed)
 
 
 def resources(modules):
@@ -104,6 +108,8 @@ def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(pro
     write_params(path, rewards={"functions": [{"name": "arithmetic_answer", "weight": 2.0}]})
     after = [modules["compute"].compute_asset(modules["params"].load_project_params())]
     assert stale(instance, after, REWARDS_KEY, modules).startswith("stale: its code version changed")
+    # what `rl-assets run` says: the key and both values, from the params the rewards table recorded
+    assert stale(instance, after, REWARDS_KEY, modules, named=True) == "stale: params changed (rewards.functions[0].weight: 1.0 -> 2.0)"
     assert stale(instance, after, ROLLOUTS_KEY, modules) is None
 
     # rescoring: the rewards are fresh again, with the new weights, and the rollouts were not touched
@@ -132,6 +138,7 @@ def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstre
     (path / "my_rewards.py").write_text((path / "my_rewards.py").read_text().replace("c.strip() == a", "a in c"))  # the regex edit of the issue
     after = [modules["compute"].compute_asset(modules["params"].load_project_params())]
     assert stale(instance, after, REWARDS_KEY, modules).startswith("stale: its code version changed")
+    assert stale(instance, after, REWARDS_KEY, modules, named=True) == "stale: code changed (my_rewards.py)"  # the file, not two hashes
     assert stale(instance, after, ROLLOUTS_KEY, modules) is None
     assert after[0].code_versions_by_key[ROLLOUTS_KEY] == versions[ROLLOUTS_KEY]
     assert after[0].code_versions_by_key[CHECKPOINT_KEY] == versions[CHECKPOINT_KEY]  # training code is not the reward's

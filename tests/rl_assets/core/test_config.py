@@ -165,7 +165,7 @@ def test_every_error_is_reported_on_its_own_line(tmp_path):
     path = write_params(tmp_path, raw)
     lines = load_error(path).splitlines()
     assert sorted(lines) == sorted([
-        f"{path}: train.lerning_rate: unknown key",
+        f"{path}: train.lerning_rate: unknown key; did you mean train.learning_rate?",
         f"{path}: rollouts.samples_per_prompt: Input should be greater than or equal to 1",
     ])
 
@@ -173,7 +173,7 @@ def test_every_error_is_reported_on_its_own_line(tmp_path):
 def test_parse_params_names_the_given_source():
     raw = repo_raw()
     raw["train"]["lerning_rate"] = 1.0
-    with pytest.raises(ParamsError, match=r"^experiment\.yaml: train\.lerning_rate: unknown key$"):
+    with pytest.raises(ParamsError, match=r"^experiment\.yaml: train\.lerning_rate: unknown key; did you mean train\.learning_rate\?$"):
         parse_params(raw, source="experiment.yaml")
 
 
@@ -328,15 +328,27 @@ def test_apply_override_names_its_source():
 
 
 @pytest.mark.parametrize("override,expected", [
-    ("train.lerning_rate=1e-3", "params.yaml: train.lerning_rate: unknown key"),
-    ("trian.epochs=1", "params.yaml: trian: unknown key"),
-    ("train.epsilon=1.5", "params.yaml: train.epsilon: Input should be less than 1"),
-    ("rollouts.samples_per_prompt=0", "params.yaml: rollouts.samples_per_prompt: Input should be greater than or equal to 1"),
+    ("train.lerning_rate=1e-3", "--set train.lerning_rate=1e-3: train.lerning_rate: unknown key; did you mean train.learning_rate?"),
+    ("trian.epochs=1", "--set trian.epochs=1: trian: unknown key; did you mean train?"),
+    ("train.lora.rr=8", "--set train.lora.rr=8: train.lora.rr: unknown key; did you mean train.lora.r?"),
+    ("train.epsilon=1.5", "--set train.epsilon=1.5: train.epsilon: Input should be less than 1"),
+    ("rollouts.samples_per_prompt=0", "--set rollouts.samples_per_prompt=0: rollouts.samples_per_prompt: Input should be greater than or equal to 1"),
+    ("model.tiny.num_heads=5", "my_task/params.yaml with --set model.tiny.num_heads=5: model.tiny: Value error, num_heads=5 must divide hidden_size"),
 ])
-def test_overrides_are_validated_like_the_file(override, expected):
+def test_overrides_are_validated_like_the_file_and_named_as_the_source(override, expected):
+    """An override's error names the `--set` that wrote the value, not the file, which does not have it; a section's own
+    check names both. An unknown key suggests the closest known one."""
     with pytest.raises(ParamsError) as caught:
-        parse_params(repo_raw(), overrides=[override])
+        parse_params(repo_raw(), source="my_task/params.yaml", overrides=[override])
     assert str(caught.value).startswith(expected)
+
+
+def test_an_override_the_file_does_not_cause_leaves_the_file_named():
+    raw = repo_raw()
+    raw["train"]["lerning_rate"] = 1.0
+    with pytest.raises(ParamsError) as caught:
+        parse_params(raw, source="my_task/params.yaml", overrides=["train.epochs=3", "seed=1"])
+    assert str(caught.value) == "my_task/params.yaml: train.lerning_rate: unknown key; did you mean train.learning_rate?"
 
 
 def test_override_value_that_is_not_valid_yaml_gives_params_error():

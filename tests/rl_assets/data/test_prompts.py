@@ -87,13 +87,21 @@ def test_build_prompts_columns():
     assert [(r["source"], r["source_hash"]) for r in rows] == [("s.jsonl", "f" * 32)] * 2
 
 
-@pytest.mark.parametrize("limit,kept", [(4, 0), (5, 1), (7, 2), (100, 3)])
+@pytest.mark.parametrize("limit,kept", [(5, 1), (7, 2), (100, 3)])
 def test_token_length_filter(limit, kept):
     tokenizer = build_tiny_tokenizer()
     raw = raw_table([("1+2=", "3"), ("12+34=", "46"), ("123+456+789=", "1368")])  # 5, 7 and 13 tokens: one per character plus BOS
     table, dropped = build_prompts(raw, PromptsParams(max_prompt_tokens=limit), tokenizer)
     assert table.num_rows == kept and dropped["too_long"] == 3 - kept
     assert all(n <= limit for n in table["n_tokens"].to_pylist())
+
+
+def test_a_limit_that_drops_every_prompt_is_refused_naming_it_and_the_longest_prompt():
+    tokenizer = build_tiny_tokenizer()
+    raw = raw_table([("1+2=", "3"), ("12+34=", "46"), ("123+456+789=", "1368")])  # 5, 7 and 13 tokens
+    with pytest.raises(ValueError, match=r"prompts.max_prompt_tokens: 4 drops every prompt \(3 of 3\); the shortest has 5 tokens, "
+                                         r"the longest 13 \(s.jsonl row 2: '123\+456\+789='\); raise it to 13"):
+        build_prompts(raw, PromptsParams(max_prompt_tokens=4), tokenizer)
 
 
 def test_build_prompts_of_an_empty_table():

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from rl_assets.core.config import EvaluationParams, RewardFunctionParams, RewardsParams
-from rl_assets.eval.evaluation import eval_prompts, evaluate_checkpoint
+from rl_assets.eval.evaluation import correctness_function, eval_prompts, evaluate_checkpoint
 from rl_assets.core.paths import output_path
 from rl_assets.eval.reports import summary_text
 from rl_assets.rollout.generation import Completions
@@ -73,11 +73,14 @@ def test_accuracy_is_the_configured_reward_not_the_first_number(monkeypatch):
 def test_correctness_must_name_a_reward_function():
     from rl_assets.core.config import ParamsError
     from rl_assets.core.params_file import parse_params
+    from rl_assets.run.preflight import check_user_code
 
     raw = {"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]}, "rewards": {"functions": [{"name": "math_answer"}]},
            "evaluation": {"correctness": "math_anwser"}}
     with pytest.raises(ParamsError, match="evaluation.correctness: 'math_anwser' is not one of the reward functions \\['math_answer'\\]"):
-        parse_params(raw)
+        check_user_code(parse_params(raw))  # the preflight's check, after the reward functions load
+    with pytest.raises(ValueError, match="evaluation.correctness: 'math_anwser' is not one of"):  # a run the preflight did not see
+        correctness_function(parse_params(raw).evaluation, parse_params(raw).rewards)
 
 
 def test_summary_text(tmp_path):

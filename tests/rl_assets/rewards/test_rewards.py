@@ -277,6 +277,29 @@ def test_params_load_a_user_function_and_its_options(user_module, tmp_path):
         check_user_code(parse_params(raw))
 
 
+def test_a_misspelt_reward_function_is_named_before_the_correctness_it_breaks(user_module):
+    """'module:corect' has score column 'corect', so evaluation.correctness 'length_bonus' misses it too: the function's own
+    error is the one reported, and parsing alone (which cannot import it) does not blame correctness first."""
+    from rl_assets.core.config import ParamsError
+    from rl_assets.core.params_file import parse_params
+    from rl_assets.run.preflight import check_user_code
+
+    raw = {"raw_data": {"sources": [{"kind": "jsonl", "path": "x.jsonl"}]},
+           "rewards": {"functions": [{"name": f"{USER_MODULE}:length_bonu"}]}, "evaluation": {"correctness": "length_bonus"}}
+    params = parse_params(raw)
+    with pytest.raises(ParamsError) as caught:
+        check_user_code(params, "my_task/params.yaml")
+    assert str(caught.value).startswith(f"my_task/params.yaml: rewards.functions[0].name: rewards.functions: cannot load "
+                                        f"'{USER_MODULE}:length_bonu': module '{USER_MODULE}' has no attribute 'length_bonu'")
+    assert "evaluation.correctness" not in str(caught.value)
+    raw["rewards"]["functions"][0]["name"] = f"{USER_MODULE}:length_bonus"  # fixed: it loads, and correctness names it
+    check_user_code(parse_params(raw))
+    raw["evaluation"]["correctness"] = "length_bonsu"  # a misspelt correctness is still named, under its own key
+    with pytest.raises(ParamsError, match=r"^params\.yaml: evaluation\.correctness: 'length_bonsu' is not one of the reward "
+                                          r"functions \['length_bonus'\]$"):
+        check_user_code(parse_params(raw))
+
+
 def test_params_loading_does_not_import_torch():
     import subprocess
 

@@ -91,6 +91,26 @@ def test_only_what_the_selected_assets_read_is_checked(tmp_path):
         check_run_inputs(params, keys=["prompts"], root=tmp_path)
 
 
+def test_a_malformed_jsonl_row_stops_before_the_run_naming_file_and_line(tmp_path):
+    """The raw_data step would stop at line 3 seconds into the run: the preflight reads the rows first, as the step does."""
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data/x.jsonl").write_text('{"q": "1+1=", "a": 2}\n\n{"q": "2+2=", "a": 4\n{"q": "3+3="}\n')
+    params = parse_params({"raw_data": {"sources": SOURCES}, "rewards": REWARDS})
+    with pytest.raises(ParamsError) as caught:
+        check_run_inputs(params, root=tmp_path)
+    assert str(caught.value) == ("params.yaml: raw_data.sources[0].path: data/x.jsonl:3: invalid JSON (Expecting ',' delimiter at "
+                                 "column 21); raw_data.on_bad_rows: skip drops bad rows instead")
+    check_run_inputs(params, keys=["r01/rewards"], root=tmp_path)  # a run that does not read the raw data is not stopped by it
+    skipping = parse_params({"raw_data": {"sources": SOURCES, "on_bad_rows": "skip"}, "rewards": REWARDS})
+    check_run_inputs(skipping, root=tmp_path)  # skip: the step drops lines 3 and 4 and keeps line 1
+    (tmp_path / "data/x.jsonl").write_text('{"q": "1+1="}\n')
+    with pytest.raises(ParamsError, match=r"^params\.yaml: raw_data\.sources\[0\]\.path: data/x\.jsonl:1: missing column 'a' \(mapped to "
+                                          r"answer\); raw_data\.on_bad_rows: skip drops bad rows instead$"):
+        check_run_inputs(params, root=tmp_path)
+    with pytest.raises(ParamsError, match=r"^params\.yaml: raw_data\.sources\[0\]\.path: data/x\.jsonl: no rows left after skipping bad rows$"):
+        check_run_inputs(skipping, root=tmp_path)
+
+
 def test_a_hub_model_that_cannot_be_had_stops_before_the_run(monkeypatch):
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")  # and no such model in the cache
     with pytest.raises(ParamsError, match=r"^params\.yaml: model\.name_or_path: nobody/no-such-model: not a local folder, not in the "
