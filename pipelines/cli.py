@@ -303,14 +303,19 @@ def print_status() -> int:
 
     from pipelines.params import load_project_params
 
-    # $RL_ASSETS_PARAMS names an experiment: its latest run; else the latest run of any experiment, with its own params
-    experiment = load_project_params().experiment if os.environ.get("RL_ASSETS_PARAMS") else None
+    # The experiment of the params in effect ($RL_ASSETS_PARAMS, else params.yaml's): the one `serve` and `generate` use
+    experiment = load_project_params().experiment
     run = latest_run(experiment)
     healthy = None if run is None else run["status"] not in ("FAILURE", "CANCELED")  # None: nothing ran to be healthy or not
     params, note = run_params(run)
     status = {"healthy": healthy, "latest_run": run, "experiment": params.experiment, **project_status(Path("."), params)}
     if run is None:
-        status["never_ran"] = (f"experiment {experiment!r} has" if experiment else "this project has") + " no run yet: `rl-assets run` starts one"
+        status["never_ran"] = f"experiment {experiment!r} has no run yet: `rl-assets run` starts one"
+    newest = latest_run()
+    if newest is not None and newest["experiment"] != experiment:  # what ran last is not what this command describes
+        status["latest_run_of_another_experiment"] = {
+            "experiment": newest["experiment"], "run_id": newest["run_id"], "started": newest["started"],
+            "shown_by": f"RL_ASSETS_PARAMS={newest['params_file'] or '<its params file>'} rl-assets status"}
     from dagster import DagsterInstance
 
     from pipelines.outdated import changed_outputs

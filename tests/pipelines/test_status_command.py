@@ -35,22 +35,41 @@ def status(cli, capsys) -> tuple[int, dict]:
 def test_status_before_any_run_says_it_never_ran_not_healthy(project, capsys):
     code, report = status(project, capsys)
     assert code == 0 and report["healthy"] is None and report["latest_run"] is None
-    assert report["never_ran"] == "this project has no run yet: `rl-assets run` starts one"
+    assert report["never_ran"] == "experiment 'default' has no run yet: `rl-assets run` starts one"
 
 
-def test_status_shows_the_latest_runs_times_as_local_iso_times(project, capsys):
+def a_run(experiment: str = "default", params_file: str = "params.yaml") -> None:
+    """A finished run of the job `rl-assets run` launches, tagged as it tags them."""
     @op
     def step():
         return None
 
-    @job(name="rl_pipeline")  # the job `rl-assets run` launches
+    @job(name="rl_pipeline")
     def rl_pipeline():
         step()
 
     with DagsterInstance.get() as instance:
-        assert rl_pipeline.execute_in_process(instance=instance).success
+        tags = {"rl_assets/experiment": experiment, "rl_assets/params_file": params_file}
+        assert rl_pipeline.execute_in_process(instance=instance, tags=tags).success
+
+
+def test_status_shows_the_latest_runs_times_as_local_iso_times(project, capsys):
+    a_run()
     code, report = status(project, capsys)
     assert code == 0 and report["healthy"] is True and "never_ran" not in report
     run = report["latest_run"]
     assert re.fullmatch(LOCAL_TIME, run["started"]) and re.fullmatch(LOCAL_TIME, run["ended"]), run
     assert run["started"] <= run["ended"]
+
+
+def test_status_describes_the_experiment_serve_serves_and_points_to_a_later_run_of_another(project, capsys):
+    """Without $RL_ASSETS_PARAMS, `serve` serves params.yaml's experiment: status (and /health, which asks it) describes
+    that one, not whichever experiment ran last, and says how to see the other."""
+    a_run("units", "units/params.yaml")
+    code, report = status(project, capsys)
+    assert report["experiment"] == "default" and report["latest_run"] is None and "never_ran" in report
+    other = report["latest_run_of_another_experiment"]
+    assert other["experiment"] == "units" and other["shown_by"] == "RL_ASSETS_PARAMS=units/params.yaml rl-assets status"
+    a_run()
+    code, report = status(project, capsys)
+    assert report["latest_run"]["experiment"] == "default" and "latest_run_of_another_experiment" not in report
