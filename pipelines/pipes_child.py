@@ -19,6 +19,9 @@ error, a reward that raises, any bug) or TRANSIENT_EXIT (out of device memory, a
 that timed out or lost a peer). A process killed by a signal (the OOM killer, a preemption) writes
 nothing. `pipelines.failures.step_failure` turns the verdict into Dagster's retry decision.
 
+A child whose launcher dies by SIGKILL (the step process, torchrun's agent), which could not stop it, exits within a
+second (rl_assets.run.process.exit_with_launcher).
+
 With RL_ASSETS_REPORTED set (a Slurm job, which Slurm may requeue and start again), rank 0 appends each output it
 reported to that file, and a child that finds the file continues after the outputs it lists.
 """
@@ -154,6 +157,9 @@ def data_version(output: Path) -> str:
 
 
 def run(argv: list[str] | None = None) -> int:
+    from rl_assets.run.process import exit_with_launcher
+
+    exit_with_launcher(launched=PIPES_CONTEXT_ENV in os.environ)  # first: a launcher killed from here on is noticed
     from dagster_pipes import open_dagster_pipes
 
     from rl_assets.run import step

@@ -1,7 +1,8 @@
 """A compute step as a Slurm job: submitted with sbatch, its log relayed while it runs, its end as the step's exit code.
 
     python -m pipelines.slurm_job --folder DIR [--job-name NAME] [--nodes N] [--gpus-per-node G] [--partition P] [--time T]
-                                  [--cpus-per-task C] [--mem M] [--no-requeue] [--sbatch-arg=--account=ml ...] -- COMMAND ...
+                                  [--cpus-per-task C] [--mem M] [--no-requeue] [--sbatch-arg=--account=ml ...] [--heartbeat S]
+                                  -- COMMAND ...
 
 What a compute step launches in place of its child under `compute.executor: slurm` (pipelines.steps.compute_command).
 The job runs COMMAND (the Pipes child, under torchrun when it has several processes) once per node through srun,
@@ -13,6 +14,9 @@ job's first node (PET_RDZV_ENDPOINT) unless compute.rdzv_endpoint names one.
 - Rejected by Slurm (no such partition, a time limit above the partition's): sbatch's reason is printed and left as
   the step's error record (pipelines.failures), and the step fails without retries.
 - SIGINT or SIGTERM (the Dagster run was cancelled): the job is cancelled (`scancel`); this waits for it to end.
+- SIGKILL, or a lost login node (nothing here can cancel the job then): this process rewrites the file `launcher.beat` in
+  the step's folder every `--heartbeat` seconds, and the job's script watches it beside srun: unchanged for more
+  than MISSED_BEATS heartbeats, the job cancels itself. The folder is shared with the nodes, as the job's log is.
 - Requeued (a preemption, a failed node, `scontrol requeue`): the job starts again and its child continues after
   the outputs the first attempt reported (their journal is the file RL_ASSETS_REPORTED: pipelines.pipes_child).
 - Any end but COMPLETED: the state, Slurm's reason and the exit code on stderr and in the error record; a crash
@@ -24,13 +28,16 @@ Slurm's state is read with `scontrol show job` every `--poll` seconds (a cluster
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
+import math
 import os
 import re
 import shlex
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -40,16 +47,58 @@ ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED"
          "SPECIAL_EXIT", "REVOKED"}
 RENDEZVOUS_PORT = 29500
 UNANSWERED_POLLS = 20  # scontrol failures in a row before the job counts as lost
+MISSED_BEATS = 3  # heartbeats the launcher may miss (a busy login node, a slow shared filesystem) before its job cancels itself
 
 
-def batch_script(command: list[str], nodes: int) -> str:
-    """The job's script: one task per node runs `command` (srun); with several nodes torchrun meets at the first node."""
+def batch_script(command: list[str], nodes: int, beat: Path, heartbeat: float) -> str:
+    """The job's script: one task per node runs `command` (srun); with several nodes torchrun meets at the first node.
+
+    Beside srun, a watchdog reads `beat` every `heartbeat` seconds and cancels the job once it stayed the same for more
+    than MISSED_BEATS of them: its launcher is gone. It compares the file's contents, not its time, so the clocks of the
+    launcher's host and the job's node need not agree, and reading opens the file, which a shared filesystem revalidates.
+    """
+    stale = math.ceil(MISSED_BEATS * heartbeat)
     lines = ["#!/bin/bash", "# Written by rl-assets (pipelines/slurm_job.py) for one compute step."]
     if nodes > 1:  # torchrun reads PET_<OPTION> for an option not on its command line
         lines.append(f'export PET_RDZV_ENDPOINT="${{PET_RDZV_ENDPOINT:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):'
                      f'{RENDEZVOUS_PORT}}}"')
-    lines.append(f"exec srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {shlex.join(command)}")
+    lines += [
+        f"watch_launcher() {{  # the launcher rewrites {beat.name} every {heartbeat:g} s; the same for over {stale} s: it was killed",
+        '  local last="" seen=$SECONDS now nap',
+        "  trap 'kill $nap 2>/dev/null; exit' TERM  # stopped once srun is done, its sleep with it",
+        f"  while sleep {heartbeat:g} & nap=$!; wait $nap; do",
+        f"    now=$(cat {shlex.quote(str(beat))} 2>/dev/null)",
+        '    if [ "$now" != "$last" ]; then last=$now seen=$SECONDS',
+        f"    elif (( SECONDS - seen > {stale} )); then  # SECONDS counts whole seconds: '>' waits {stale} s at least",
+        f'      echo "rl-assets: no heartbeat from the launcher for over {stale} s (its process is gone): cancelling slurm job $SLURM_JOB_ID" >&2',
+        '      scancel "$SLURM_JOB_ID" || kill $$; exit  # without scancel here: ending this script ends the job',
+        "    fi",
+        "  done",
+        "}",
+        "watch_launcher &",
+        f"srun --nodes={nodes} --ntasks-per-node=1 --kill-on-bad-exit=1 {shlex.join(command)}",
+        "status=$?",
+        "kill $! 2>/dev/null",
+        "exit $status",
+    ]
     return "\n".join(lines) + "\n"
+
+
+def keep_beating(beat: Path, heartbeat: float) -> None:
+    """Rewrite `beat` now, then every `heartbeat` seconds from a daemon thread for as long as this process lives."""
+    def once() -> None:
+        with contextlib.suppress(OSError):  # a full disk for a moment: the watchdog tolerates missed beats
+            partial = beat.with_suffix(".partial")
+            partial.write_text(f"{time.time()}\n")
+            partial.replace(beat)
+
+    def forever() -> None:
+        while True:
+            time.sleep(heartbeat)
+            once()
+
+    once()
+    threading.Thread(target=forever, name="heartbeat", daemon=True).start()
 
 
 def sbatch_command(args: argparse.Namespace, script: Path, log: Path) -> list[str]:
@@ -117,6 +166,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-requeue", dest="requeue", action="store_false")
     parser.add_argument("--sbatch-arg", dest="sbatch_args", action="append", default=[])
     parser.add_argument("--poll", type=float, default=0.5)
+    parser.add_argument("--heartbeat", type=float, default=10.0, help="seconds between this process's beats, which its job watches")
     parser.add_argument("command", nargs=argparse.REMAINDER, help="-- then the command each node runs")
     args = parser.parse_args(argv)
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
@@ -124,8 +174,9 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("no command after --")
 
     args.folder.mkdir(parents=True, exist_ok=True)
-    script, log = args.folder / "job.sh", args.folder / "job.log"
-    script.write_text(batch_script(command, args.nodes))
+    script, log, beat = args.folder / "job.sh", args.folder / "job.log", (args.folder / "launcher.beat").resolve()
+    script.write_text(batch_script(command, args.nodes, beat, args.heartbeat))
+    keep_beating(beat, args.heartbeat)  # before the job exists: it may start at once
     os.environ[REPORTED_ENV] = str(args.folder / "reported")  # exported to the job with the rest of the environment
     job, cancelled = [], []
 

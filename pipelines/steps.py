@@ -68,6 +68,7 @@ def slurm_command(command: list[str], keys: list[str], compute: ComputeParams, f
                "--gpus-per-node": compute.gpus_per_step or ""}
     return [sys.executable, "-m", "pipelines.slurm_job", "--folder", str(folder), "--job-name",
             f"rl-assets {keys[0]}" + (f"..{keys[-1]}" if len(keys) > 1 else ""), "--nodes", str(compute.nnodes), "--poll", str(slurm.poll_seconds),
+            "--heartbeat", str(slurm.heartbeat_seconds),
             *(f"{option}={value}" for option, value in options.items() if value), *([] if slurm.requeue else ["--no-requeue"]),
             *(f"--sbatch-arg={arg}" for arg in slurm.sbatch_args), "--", *command]
 

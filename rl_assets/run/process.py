@@ -1,11 +1,43 @@
-"""Set-up of a compute process: quiet output, and the torchrun process group."""
+"""Set-up of a compute process: quiet output, the torchrun process group, and an end with its launcher."""
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import sys
+import threading
+import time
 import warnings
+
+LAUNCHER_GONE_EXIT = 129  # 128 + SIGHUP: what a terminal's processes get when it hangs up
+
+
+def exit_with_launcher(launched: bool = False, interval: float = 1.0) -> bool:
+    """End this process within `interval` seconds of its launcher's death; returns whether it watches.
+
+    A launcher killed by SIGKILL (a torchrun agent, a Dagster step process: by the OOM killer, a scheduler, a dead
+    login node) cannot stop its children, and torchrun starts its workers in sessions of their own: they would
+    compute on, their GPUs held, for nobody. A daemon thread checks the parent's pid: an orphan is given to init
+    (or a subreaper), and then this process exits with LAUNCHER_GONE_EXIT after a line on stderr. Outputs are
+    written to a temporary sibling and renamed, so the exit leaves nothing half-written where a reader looks.
+
+    Only where the parent is the launcher: under torchrun (TORCHELASTIC_RUN_ID: its agent) or when `launched` (an
+    orchestrator started this process). A step started by hand may outlive its shell (nohup) and is left alone.
+    """
+    if not launched and "TORCHELASTIC_RUN_ID" not in os.environ:
+        return False
+    parent = os.getppid()
+
+    def watch() -> None:
+        while os.getppid() == parent:
+            time.sleep(interval)
+        with contextlib.suppress(OSError, ValueError):  # the launcher may have taken stderr's reader with it
+            print(f"error: this process's launcher (pid {parent}) is gone: exiting", file=sys.stderr, flush=True)
+        os._exit(LAUNCHER_GONE_EXIT)
+
+    threading.Thread(target=watch, name="launcher-watch", daemon=True).start()
+    return True
 
 
 def release_freed_memory() -> None:

@@ -65,7 +65,9 @@ def stage_key(stage: str, round_number: int | None) -> str:
 def main(argv: list[str] | None = None) -> int:
     """Run one step, or several outputs resident; rank 0 prints each output path and its scalar metadata."""
     from rl_assets.run.preflight import check_user_code
-    from rl_assets.run.process import as_on_rank_0, quiet_step, reporting_rank, start_distributed, stop_distributed
+    from rl_assets.run.process import as_on_rank_0, exit_with_launcher, quiet_step, reporting_rank, start_distributed, stop_distributed
+
+    exit_with_launcher()  # under torchrun: a rank whose agent was killed stops too
     from rl_assets.run.resident import Output, write_outputs
     from rl_assets.run.stages import run_stage
 

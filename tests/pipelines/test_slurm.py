@@ -1,5 +1,5 @@
 """`compute.executor: slurm` against a real Slurm (slurmctld, slurmd and munged started here from Debian's packages):
-the micro pipeline's compute step as a Slurm job, a job Slurm rejects, a cancelled run, a requeued job."""
+the micro pipeline's compute step as a Slurm job, a job Slurm rejects, a cancelled run, a requeued job, a killed launcher."""
 
 from __future__ import annotations
 
@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from conftest import PYTHON, copy_project, project_env, python
+from conftest import PYTHON, REPO, copy_project, project_env, python
 from faults import fault_project
+from pipelines.slurm_job import ENDED, MISSED_BEATS
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage
 from slurm_support import job_state, local_slurm
 
@@ -133,3 +134,31 @@ def test_an_error_in_the_job_fails_the_step_once_with_the_childs_own_line(slurm,
     assert done.returncode != 0 and "ValueError: this reward cannot score" in log, log[-4000:]
     [job] = job_ids(project)  # failed once: an error that would recur is not retried
     assert job_state(job, slurm)["JobState"] == "FAILED" and job_state(job, slurm)["ExitCode"].startswith("65:")
+
+
+def test_a_job_whose_launcher_is_killed_cancels_itself(slurm, tmp_path):
+    """SIGKILL of the launcher (pipelines.slurm_job), which then cannot scancel: the job sees its heartbeat stop and leaves the queue.
+    While the launcher lives, the job runs on past more heartbeats than it tolerates missing."""
+    folder, log = tmp_path / "step", tmp_path / "launcher.log"
+    hold = [PYTHON, "-c", "import time; time.sleep(600)", str(folder)]  # the job's work, named by its folder for pgrep
+    with open(log, "w") as out:
+        launcher = subprocess.Popen([PYTHON, "-m", "pipelines.slurm_job", "--folder", str(folder), "--heartbeat", "1", "--poll", "0.2", "--",
+                                     *hold], cwd=tmp_path, env={**os.environ, **slurm, "PYTHONPATH": str(REPO)}, stdout=out, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: (folder / "job_id").is_file() and job_state((folder / "job_id").read_text(), slurm).get("JobState") == "RUNNING",
+                 "its job ran", launcher, log, timeout=60)
+        job, beat, beats = (folder / "job_id").read_text(), folder / "launcher.beat", set()
+        wait_for(lambda: beats.add(beat.read_text()) or len(beats) > MISSED_BEATS + 1, "the launcher beat", launcher, log, timeout=60)
+        assert job_state(job, slurm).get("JobState") == "RUNNING", (folder / "job.log").read_text()  # a live launcher's job is left alone
+    finally:
+        launcher.kill()  # SIGKILL
+        launcher.wait(timeout=60)
+    killed, deadline = time.monotonic(), time.monotonic() + 30
+    while (state := job_state(job, slurm)).get("JobState") not in ENDED and time.monotonic() < deadline:  # on through COMPLETING
+        time.sleep(0.2)
+    assert state.get("JobState") == "CANCELLED", (state, (folder / "job.log").read_text())
+    assert f"no heartbeat from the launcher for over {MISSED_BEATS} s" in (folder / "job.log").read_text()
+    print(f"the job left the queue {time.monotonic() - killed:.1f} s after its launcher was killed")
+    while subprocess.run(["pgrep", "-f", f"time.sleep.600. {folder}"], capture_output=True).stdout:  # nothing of it runs on
+        assert time.monotonic() < deadline, "the job's processes outlived it"
+        time.sleep(0.2)
