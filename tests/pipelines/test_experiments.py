@@ -36,7 +36,11 @@ def test_experiments_keep_their_own_outputs_and_never_restale_each_other(micro_t
     assert card["experiment"] == "other" and card["data"]["prompts"]["path"] == "data/experiments/other/prompts.parquet"
     assert json.loads((project / "models/promoted/model_card.json").read_text())["experiment"] == "default"
 
-    done = python(["-m", "pipelines", "status"], project, timeout=300, check=False)  # the latest run: experiment other
+    done = python(["-m", "pipelines", "status"], project, timeout=300, check=False)  # params.yaml's experiment, the one serve serves
+    status = json.loads(done.stdout[done.stdout.find("{"):])
+    assert status["experiment"] == "default" and status["latest_run"]["experiment"] == "default"
+    assert status["latest_run_of_another_experiment"]["shown_by"] == "RL_ASSETS_PARAMS=other.yaml rl-assets status"
+    done = python(["-m", "pipelines", "status"], project, timeout=300, check=False, RL_ASSETS_PARAMS="other.yaml")
     status = json.loads(done.stdout[done.stdout.find("{"):])
     assert done.returncode == 0, status
     assert status["experiment"] == "other" and status["data"] == "data/experiments/other" and status["current_round"] == 1
