@@ -353,8 +353,7 @@ def record_run_params(values_by_stage: dict[str, dict]) -> list[str]:
         entry["params"] = {**(entry.get("params") or {}), "params.yaml": values}
         replaced.append(stage)
     if replaced:
-        with atomic_path(lock_path) as tmp:
-            tmp.write_text(yaml.dump(lock, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False, width=120))
+        write_lock(lock, lock_path)
     return replaced
 
 
@@ -372,9 +371,14 @@ def prune_lock(stages: set[str] | list[str], lock_path: Path = Path("dvc.lock"))
         for stage in gone:
             del lock["stages"][stage]
         if gone:
-            with atomic_path(lock_path) as tmp:
-                tmp.write_text(yaml.dump(lock, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False, width=120))
+            write_lock(lock, lock_path)
     return gone
+
+
+def write_lock(lock: dict, lock_path: Path) -> None:
+    """dvc.lock written whole (a temporary sibling renamed over it), through libyaml when PyYAML has it."""
+    with atomic_path(lock_path) as tmp:
+        tmp.write_text(yaml.dump(lock, Dumper=getattr(yaml, "CSafeDumper", yaml.SafeDumper), sort_keys=False, width=120))
 
 
 def load_yaml(path: Path):
@@ -404,8 +408,13 @@ def asset_stage(context, key: str) -> dict | None:
         spec = context.assets_def.specs_by_key[AssetKey.from_user_string(key)]
     except Exception:  # a context without an assets definition (an asset body called directly)
         return None
+    return spec_stage(spec)
+
+
+def spec_stage(spec) -> dict | None:
+    """The stage `dvc-sync` writes for an asset spec of the default experiment (None: not a DVC stage)."""
     metadata = {name: getattr(value, "value", value) for name, value in spec.metadata.items()}
-    return graph_stage(key, metadata, [dep.asset_key.to_user_string() for dep in spec.deps])
+    return graph_stage(output_key(spec.key.path), metadata, [dep.asset_key.to_user_string() for dep in spec.deps])
 
 
 def stage_difference(written: dict, expected: dict) -> str:

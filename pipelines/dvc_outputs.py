@@ -23,7 +23,7 @@ from pathlib import Path
 
 from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, AssetSpec, DagsterInstance
 
-from pipelines.dvc import dvc_executable, dvc_message, graph_stage, load_yaml
+from pipelines.dvc import dvc_executable, dvc_message, load_yaml, spec_stage
 from pipelines.outdated import CODE_VERSION, DATA_VERSION, INPUT_DATA_VERSION
 from rl_assets.core.paths import dvc_stage_name, output_key, output_path
 
@@ -80,9 +80,8 @@ def adopt_dvc_outputs(instance: DagsterInstance, specs: list[AssetSpec], params,
 
 def _stage(spec: AssetSpec, written: dict, locked: dict, data: Path) -> str | None:
     """The DVC stage of `spec` when dvc.yaml has it as the graph makes it now, dvc.lock records it and its output exists."""
-    metadata = {name: getattr(value, "value", value) for name, value in spec.metadata.items()}
     name = output_key(spec.key.path)
-    expected = graph_stage(name, metadata, [d.asset_key.to_user_string() for d in spec.deps])
+    expected = spec_stage(spec)
     stage = dvc_stage_name(name)
     if expected is None or stage not in locked or not output_path(name, data).exists():
         return None
