@@ -38,9 +38,8 @@ def dvc_executable() -> str | None:
     return next((c for c in candidates if c and Path(c).is_file()), None)
 
 
-# `dvc commit` costs ~1.4 s of CPU per stage. Beside a training process at equal priority it takes a core from torch's
-# OpenMP threads, which then wait for each other at every barrier: a training loop beside a dvc commit loop ran 1.9x
-# slower on this 2-core machine, 1.1x with the commits at nice 19 (see the README).
+# `dvc commit` costs CPU per stage. Beside a training process at equal priority it takes a core from torch's OpenMP
+# threads, which then wait for each other at every barrier; at nice 19 it runs in the CPU training leaves idle.
 LOW_PRIORITY = ["nice", "-n", "19"] if shutil.which("nice") else []
 SYNC = "run `rl-assets dvc-sync` (or `make dvc-sync`) to regenerate it from the graph"
 STAGE_FIELDS = ("cmd", "deps", "params", "outs", "metrics", "plots")
@@ -107,7 +106,7 @@ HELPER = Path(__file__).with_name("dvc_commit.py")
 def record_journal(log, follower: JournalFollower | None = None) -> list[str]:
     """Commit every stage in the journal at once, then clear it; the stages recorded.
 
-    One `dvc commit` costs ~1.4 s of CPU per stage here, and it ran beside the training child, which it slowed; the
+    A `dvc commit` per stage ran beside the training child, which it slowed; the
     compute step now records its outputs at its end, all in one commit (pipelines/dvc_commit.py). With `follower`,
     the stages it committed while the step ran are only written to dvc.lock.
     """
@@ -132,8 +131,7 @@ def recording_enabled() -> bool:
 class JournalFollower:
     """DVC's Python at nice 19, committing each stage the compute step journals while the step still runs.
 
-    Committing 20 stages at the step's end held it 1.4 s after its child was done (0.85 s of it the commits
-    themselves); this helper (dvc_commit.py --follow) does them as they come, in the CPU the child leaves idle, and
+    Committing every stage at the step's end held the step after its child was done; this helper (dvc_commit.py --follow) does them as they come, in the CPU the child leaves idle, and
     at the end only writes dvc.lock. Stages already in the journal (raw_data and prompts of this run, an earlier
     run's) go first. A step killed before `record_journal` leaves dvc.lock as it was and the journal for the next run.
     """
@@ -339,7 +337,7 @@ def record_run_params(values_by_stage: dict[str, dict]) -> list[str]:
     """Replace each stage's params.yaml values in dvc.lock by the values given where they differ; the stages replaced.
 
     dvc.lock's format (schema 2.0, `stages.<stage>.params.<file>.<key>`) is DVC's documented lock file. It is read and
-    written once for all the stages: a read per stage cost ~0.1 s each for this project's 22.
+    written once for all the stages, not once per stage.
     """
     lock_path = Path("dvc.lock")
     if not values_by_stage or not lock_path.is_file():
@@ -382,7 +380,7 @@ def write_lock(lock: dict, lock_path: Path) -> None:
 
 
 def load_yaml(path: Path):
-    """`yaml.safe_load` of a file, through libyaml when PyYAML has it (10x faster on dvc.lock and dvc.yaml)."""
+    """`yaml.safe_load` of a file, through libyaml when PyYAML has it (much faster on dvc.lock)."""
     return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 

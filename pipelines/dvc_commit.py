@@ -3,10 +3,9 @@
     .venv-dvc/bin/python pipelines/dvc_commit.py r01-rollouts r01-rewards r01-checkpoint
     .venv-dvc/bin/python pipelines/dvc_commit.py --follow     stage names on stdin, one a line, then END
 
-`dvc commit --force A B C` reads both files and rewrites dvc.lock once per stage: ~1 s of CPU each for this
-project's 22 stages, almost all of it DVC's YAML round trip. This does what that command does for each stage
-(DVC's own `Stage.save` and `Stage.commit`, as in `dvc.repo.commit`) and writes dvc.lock once for all of them:
-20 stages took 1.6 s (0.4 s reading the project, 0.85 s the commits, 0.35 s writing dvc.lock).
+`dvc commit --force A B C` reads both files and rewrites dvc.lock once per stage, almost all of its CPU DVC's
+YAML round trip. This does what that command does for each stage
+(DVC's own `Stage.save` and `Stage.commit`, as in `dvc.repo.commit`) and writes dvc.lock once for all of them.
 
 With --follow it commits each stage the moment its name arrives, while the step that wrote it still runs, and writes
 dvc.lock once, after END; stdin closing without END (the step was killed) leaves dvc.lock as it was. With --follow --push

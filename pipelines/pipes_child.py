@@ -211,7 +211,7 @@ def main(argv: list[str] | None = None) -> int:
 def leave(code: int) -> None:
     """End the process with `code` without the interpreter's teardown, once everything it wrote is closed and reported.
 
-    A child holding torch, transformers and TRL spent 0.75-1.2 s in Python's shutdown (freeing modules and tensors
+    A child holding torch, transformers and TRL spends long in Python's shutdown (freeing modules and tensors
     one by one), and its step, then the run, waits for that exit. What shutdown does that matters is done here, in
     its order: let thread pools stop and wait for non-daemon threads, run the atexit handlers (weakref finalizers included: trackers, vLLM),
     flush stdout and stderr. The outputs are already renamed into place and Pipes closed, so nothing is left half-written.

@@ -205,10 +205,9 @@ def _once(results: list, written: set) -> Iterator:
 def yield_cpu_to_children(niceness: int = 19) -> None:
     """Lower this process's CPU priority (every thread of it: Linux sets it per thread) below the children it has launched.
 
-    While the compute child trains, this step process relays its reports into Dagster's event log: ~20 ms of CPU per
-    event in SQLite writes, ~5 s over a run of the default params. At the child's priority it takes a core from
-    torch's threads, which then wait for each other at every barrier (on 2 cores a training loop took 16.1 s alone, 59 s
-    beside a busy process at its priority, 16.7 s beside it at nice 19). At nice 19 the relay runs when the child
+    While the compute child trains, this step process relays its reports into Dagster's event log, SQLite
+    writes that cost CPU per event. At the child's priority it takes a core from torch's threads, which then wait for
+    each other at every barrier. At nice 19 the relay runs when the child
     leaves a core idle. A process cannot raise its priority back, and children inherit it: call
     it after the last launch. Threads started later inherit it from the thread that starts them.
     """
@@ -222,8 +221,8 @@ def yield_cpu_to_children(niceness: int = 19) -> None:
 def compute_step_follows(context: AssetExecutionContext) -> bool:
     """Whether this run also runs the compute step, which records the stages waiting in the DVC journal at its end.
 
-    Then raw_data and prompts wait there too, and one commit records them with the compute step's outputs (a commit of
-    their own held the run ~0.3 s each). A run stopped before the compute step leaves them in the journal: the CLI
+    Then raw_data and prompts wait there too, and one commit records them with the compute step's outputs (rather than a commit of
+    their own each). A run stopped before the compute step leaves them in the journal: the CLI
     records it when its run ends, the next run when it starts.
     """
     try:

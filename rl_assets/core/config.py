@@ -254,7 +254,7 @@ class LoraParams(Section):
     alpha: int = Field(32, ge=1, description="Adapter scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.0, ge=0, lt=1, description="Dropout on the adapter input. 0 (PEFT's, verl's and OpenRLHF's default): "
                            "with dropout the training forward is not the policy that sampled, so the first step's ratio is not 1, "
-                           "and its masks held for the backward cost memory (1 GB on SmolLM2-135M at micro-batches of 8).")
+                           "and its masks held for the backward cost memory.")
     target_modules: list[str] | Literal["all-linear"] = Field("all-linear", description="Modules that get adapters.")
     merge: bool = Field(False, description="Save each round's checkpoint with adapters merged into full weights; "
                                            "off saves only the adapters (loading needs peft and the r00 folder).")

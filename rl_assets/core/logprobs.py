@@ -112,7 +112,7 @@ PLAIN_LOGITS_MAX = 2**25  # logits (rows x kept positions x vocabulary) up to wh
 def plain_rows(model, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> int:
     """Rows one CPU forward may take so that its completion logits stay within PLAIN_LOGITS_MAX (at least 1); all of
     them on a GPU, where TRL's fused head bounds the memory. Past the bound TRL's head, on a CPU, scores every position
-    in tiles whose temporaries reach 2 GB (16 rows of 420 tokens); a few rows at a time through plain logits take less,
+    in tiles whose temporaries reach gigabytes; a few rows at a time through plain logits take less,
     and less time here."""
     keep, vocab = _kept_logits(model, prompt_ids, completion_ids)
     if next(model.parameters()).device.type != "cpu" or len(prompt_ids) * keep * vocab <= PLAIN_LOGITS_MAX:

@@ -185,7 +185,7 @@ def parse_params(raw: dict, source: str = "params.yaml", overrides: tuple[str, .
         raise ParamsError(_format_error(error, source, overrides, written)) from None
 
 
-# libyaml's loader (PyYAML's C binding) reads the same YAML ~10x faster; every code-location load reads the params file.
+# libyaml's loader (PyYAML's C binding) reads the same YAML much faster; every code-location load reads the params file.
 _YAML_LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
 
 

@@ -1,7 +1,7 @@
 """The policy's tokenizer: the embedded model's character-level one, or a Hugging Face model's own.
 
 Apart from policy.py so that the prompts step, which needs only the tokenizer, does not import torch
-and the model classes (~5 s a step on a laptop CPU).
+and the model classes (seconds a step on a laptop CPU).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """What a step shows in the UI beside its numbers (markdown tables, the accuracy plot), and the table a run ends with.
 
-No torch here: the CLI prints `summary_text` after a run, and importing the model code for it cost ~2 s.
+No torch here: the CLI prints `summary_text` after a run, and importing the model code for it would hold it up.
 """
 
 from __future__ import annotations

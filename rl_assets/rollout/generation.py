@@ -102,8 +102,8 @@ def next_tokens(logits: torch.Tensor, *, greedy: bool, temperature: float = 1.0,
     `top_p` nucleus (transformers' TopPLogitsWarper's rule: the smallest set of most likely tokens holding top_p).
 
     The draw inverts each row's cumulative distribution at one uniform number, exact up to the float32 rounding of
-    the cumulative sum (~1e-7 of probability mass); torch.multinomial draws the same law, ~40x slower on a
-    49,152-token vocabulary on CPU.
+    the cumulative sum (~1e-7 of probability mass); torch.multinomial draws the same law, much slower on a
+    large vocabulary on CPU.
 
     >>> logits = torch.tensor([[0.0, 2.0, -1.0], [5.0, 0.0, 0.0]])
     >>> next_tokens(logits, greedy=True).tolist()

@@ -40,7 +40,7 @@ def sft_config(params: SFTParams, output_dir: str, seed: int, use_cpu: bool):
         weight_decay=0.0,
         seed=seed,
         data_seed=seed,
-        **checkpointing_arg(False),  # TRL turns it on by default: ~20% slower, and a warm start needs no memory saving
+        **checkpointing_arg(False),  # TRL turns it on by default: slower, and a warm start needs no memory saving
         **trainer_precision("auto", use_cpu),  # TRL's bf16 default fails on CPU: fp32 there, bf16/fp16 on GPUs
         logging_steps=max(1, params.max_steps // 10),
         save_strategy="no",
