@@ -27,7 +27,7 @@ class Loaded:
         self._policy: tuple | None = None  # (checkpoint id, dtype, device, the float32 weights of a compact one, model, tokenizer)
         self._reference: tuple | None = None  # (checkpoint id, device, model)
         self._critic: tuple | None = None  # ((checkpoint id, how it started, device), model): ppo's value model
-        self.engine = None  # the colocated vLLM engine (rollouts_vllm.VllmEngine), created by the first vLLM rollouts
+        self.engine = None  # the colocated vLLM engine (rl_assets.rollout.vllm_sampling.VllmEngine), created by the first vLLM rollouts
         self.loads: Counter = Counter()  # what came from disk, e.g. {"policy": 1, "reference": 1}
 
     def policy(self, path: str | Path, device: str, dtype: torch.dtype, chain: bool = False):

@@ -2,7 +2,7 @@
 
 Round after round the policy, its optimizer moments and the KL reference stay in memory
 (`rl_assets.run.loaded`), and on a GPU one vLLM engine is reused, its weights updated in place
-(`rollouts_vllm.VllmEngine`). Each output is still a step of its own as far as anyone can tell:
+(`rl_assets.rollout.vllm_sampling.VllmEngine`). Each output is still a step of its own as far as anyone can tell:
 it is written atomically, reported the moment it is done, and its guards run on it before the next
 output starts, so a blocking guard that fails stops the run there and nothing after it is written.
 Writing the same outputs one process each gives the same bits (every stage seeds itself, and only

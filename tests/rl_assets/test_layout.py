@@ -5,14 +5,12 @@ the cost), so a cycle through one is still a cycle.
 """
 
 import ast
-import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-import rl_assets
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "rl_assets"
@@ -96,25 +94,6 @@ def test_tests_mirror_the_library():
     tests = REPO / "tests" / "rl_assets"
     assert {p.parent.name for p in tests.rglob("test_*.py") if p.parent != tests} == set(LAYERS)
     assert [p.name for p in tests.glob("test_*.py")] == [Path(__file__).name]
-
-
-@pytest.mark.parametrize("old", sorted(rl_assets.MOVED))
-def test_an_old_module_path_fails_naming_the_new_one(old):
-    new = f"rl_assets.{rl_assets.MOVED[old]}"
-    importlib.import_module(new)  # the new one exists
-    if old in ("train", "serve"):  # packages now: their old functions name the module they are in
-        return
-    with pytest.raises(ModuleNotFoundError, match=rf"^No module named 'rl_assets\.{old}': since rl-assets 0\.2 it is {new}$"):
-        importlib.import_module(f"rl_assets.{old}")
-
-
-@pytest.mark.parametrize("package,name,module", [("train", "train_on_rollouts", "policy_gradient"), ("serve", "create_app", "app")])
-def test_a_function_of_a_module_that_became_a_package_fails_naming_its_module(package, name, module):
-    with pytest.raises(ImportError, match=rf"^cannot import name '{name}' from 'rl_assets\.{package}': since rl-assets 0\.2 it is "
-                                          rf"rl_assets\.{package}\.{module}\.{name}$"):
-        exec(f"from rl_assets.{package} import {name}", {})
-    assert not hasattr(importlib.import_module(f"rl_assets.{package}"), "no_such_name")
-    assert importlib.import_module(f"rl_assets.{package}.{module}").__name__ == f"rl_assets.{package}.{module}"
 
 
 def test_importing_the_library_imports_neither_dagster_nor_torch():

@@ -291,7 +291,7 @@ def test_rollout_engine_falls_back_to_transformers_without_a_gpu_or_vllm(monkeyp
 
 
 class StandInLLM:
-    """vLLM is not installed here: a stand-in for the documented API rollouts_vllm uses, recording every call."""
+    """vLLM is not installed here: a stand-in for the documented API vllm_sampling uses, recording every call."""
 
     def __init__(self, calls: list, eos: int, **kwargs):
         self.calls, self.eos = calls, eos
