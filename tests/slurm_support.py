@@ -47,7 +47,9 @@ def _config(folder: Path, socket_path: Path) -> str:
     return "\n".join([
         "ClusterName=rltest", "SlurmctldHost=localhost", "SlurmUser=root", "SlurmdUser=root",
         f"SlurmctldPort={_free_port()}", f"SlurmdPort={_free_port()}",
-        "AuthType=auth/munge", f"AuthInfo=socket={socket_path}", "CredType=cred/munge",
+        "AuthType=auth/munge", "CredType=cred/munge",
+        # cred_expire (default 120 s) is also how long a requeued job waits before it may start again
+        f"AuthInfo=socket={socket_path},cred_expire=20",
         f"StateSaveLocation={folder / 'state'}", f"SlurmdSpoolDir={folder / 'spool'}",
         f"SlurmctldPidFile={folder / 'slurmctld.pid'}", f"SlurmdPidFile={folder / 'slurmd.pid'}",
         f"SlurmctldLogFile={folder / 'slurmctld.log'}", f"SlurmdLogFile={folder / 'slurmd.log'}",
