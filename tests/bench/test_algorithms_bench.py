@@ -8,7 +8,11 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, REPO
+
+pytestmark = pytest.mark.e2e  # runs a benchmark or a pipeline end to end: not in `make test-fast`
 
 
 def test_algorithms_bench_compares_grpo_and_ppo_from_the_same_r00():

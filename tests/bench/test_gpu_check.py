@@ -11,7 +11,11 @@ import math
 import os
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, REPO
+
+pytestmark = pytest.mark.e2e  # runs a benchmark or a pipeline end to end: not in `make test-fast`
 
 
 def positive(value) -> bool:

@@ -13,6 +13,8 @@ import pytest
 
 from conftest import PYTHON, REPO
 
+pytestmark = pytest.mark.e2e  # runs a benchmark or a pipeline end to end: not in `make test-fast`
+
 TINY = ["--vocab", "4096", "--hidden", "16", "--intermediate", "32", "--sequences", "4", "--group-size", "2",
         "--prompt-tokens", "8", "--completion-tokens", "16"]
 

@@ -10,8 +10,12 @@ import json
 import math
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, REPO
 from real_models import save_real_model
+
+pytestmark = pytest.mark.e2e  # runs a benchmark or a pipeline end to end: not in `make test-fast`
 
 PRECISIONS = ("no", "bf16", "pure_bf16")
 TINY = ["--prompts", "2", "--samples", "2", "--max-new-tokens", "4", "--batch-size", "4", "--train-rows", "4", "--completion-tokens", "4",

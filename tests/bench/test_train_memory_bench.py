@@ -8,8 +8,12 @@ from __future__ import annotations
 import json
 import subprocess
 
+import pytest
+
 from conftest import PYTHON, REPO
 from real_models import save_real_model
+
+pytestmark = pytest.mark.e2e  # runs a benchmark or a pipeline end to end: not in `make test-fast`
 
 SMALL = ["--set", "rollouts.prompts_per_round=2", "--set", "rollouts.samples_per_prompt=2", "--set", "train.minibatch_size=4",
          "--set", "train.gradient_accumulation_steps=2", "--set", "train.drop_equal_reward_groups=false"]

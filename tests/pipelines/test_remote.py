@@ -18,7 +18,7 @@ from conftest import DVC, PYTHON, REPO, copy_project, project_env, python
 from faults import fault_project, interrupted, kill_group_when, resumed, uninterrupted
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage, read_retired
 
-pytestmark = pytest.mark.skipif(not DVC.exists(), reason="DVC's environment (.venv-dvc) is not installed")
+pytestmark = [pytest.mark.e2e, pytest.mark.skipif(not DVC.exists(), reason="DVC's environment (.venv-dvc) is not installed")]
 
 CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
@@ -260,10 +260,13 @@ def test_a_training_state_saved_mid_round_is_pushed_and_a_fresh_machine_resumes_
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, start_new_session=True)
 
     def state_pushed() -> bool:
+        # A push writes the listing, then state.json (what `pull` reads): a kill between the two, which a busy machine
+        # makes likely, would leave a remote that holds the training state but no state to pull.
         try:  # the listing is renamed into place whole (see the last test); absent until the first push
-            return any("train_state/step-" in f and f.endswith("trainer_state.json") for f in json.loads(listing.read_text()))
+            listed = any("train_state/step-" in f and f.endswith("trainer_state.json") for f in json.loads(listing.read_text()))
         except FileNotFoundError:
             return False
+        return listed and (listing.parent / "state.json").is_file()
 
     kill_group_when(process, state_pushed)
     assert process.wait(timeout=60) == -signal.SIGKILL, f"the run ended before a training state was pushed: {process.stderr.read()[-3000:]}"

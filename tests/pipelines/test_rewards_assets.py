@@ -19,6 +19,8 @@ from conftest import REPO, import_pipelines, micro_params
 from rl_assets.core.schemas import ROLLOUTS, read_table, write_table
 from rl_assets.core.storage import file_hash
 
+pytestmark = pytest.mark.e2e  # runs a benchmark or a pipeline end to end: not in `make test-fast`
+
 ROLLOUTS_KEY, REWARDS_KEY, CHECKPOINT_KEY = AssetKey(["r01", "rollouts"]), AssetKey(["r01", "rewards"]), AssetKey(["r01", "checkpoint"])
 
 

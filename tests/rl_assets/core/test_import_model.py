@@ -29,6 +29,7 @@ def greedy_answer(model, tokenizer) -> str:
     return tokenizer.decode(out[0][inputs["input_ids"].shape[1]:], skip_special_tokens=True)
 
 
+@pytest.mark.e2e
 def test_the_wheel_becomes_a_plain_model_folder_with_its_provenance(imported):
     out, record = imported
     assert record == json.loads((out / IMPORT_FILE).read_text())
@@ -41,6 +42,7 @@ def test_the_wheel_becomes_a_plain_model_folder_with_its_provenance(imported):
     assert (out / "chat_template.jinja").is_file() and 0 < (out / "model.safetensors").stat().st_size - 134_515_008 * 4 < 100_000  # fp32
 
 
+@pytest.mark.e2e
 def test_it_loads_plainly_equals_the_dequantized_gguf_and_answers_a_chat(imported, tmp_path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 

@@ -100,6 +100,7 @@ def test_vision_shapes_only_the_embedded_model():
         ModelParams(vision={"image_size": 32, "patch_size": 5})
 
 
+@pytest.mark.e2e  # a whole round per policy
 @pytest.mark.parametrize("policy", ["embedded", "folder", "smolvlm folder", "frozen vision", "dpo", "rft", "ppo", "environment"])
 def test_a_micro_vlm_round_samples_scores_trains_and_evaluates_with_the_images(tmp_path, policy, vlm):
     """count_shapes through raw_data, prompts, r00, one round and the evaluation, stage by stage: the embedded VLM warm-started
