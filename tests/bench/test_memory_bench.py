@@ -37,36 +37,21 @@ def test_memory_bench_reports_both_peaks_and_a_ratio(tmp_path):
         assert numbers["ratio_rl_assets_over_trl"] > 0
 
 
-def test_memory_bench_takes_a_real_models_folder_with_gradient_checkpointing(tmp_path):
+def test_memory_bench_takes_a_real_models_folder_as_a_vision_language_model_with_gradient_checkpointing(tmp_path):
+    """The other side of each option from the test above, in one run: a real model's folder (not a random Qwen2), in a
+    LLaVA with images (not text only), with gradient checkpointing."""
     from real_models import save_real_model
 
     model = save_real_model(tmp_path / "model", "llama", hidden_size=32, generation_defaults={})
     out = tmp_path / "memory.json"
-    shape = ["--sequences", "4", "--group-size", "2", "--prompt-tokens", "8", "--completion-tokens", "8"]
-    done = subprocess.run([PYTHON, str(REPO / "bench" / "memory.py"), "--model", str(model), "--gradient-checkpointing", *shape, "--cases", "train",
-                           "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
-    assert done.returncode == 0, f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
-    summary = json.loads(out.read_text())
-    assert summary["shape"]["model"] == str(model) and summary["shape"]["gradient_checkpointing"] is True
-    assert summary["shape"]["vocab"] == json.loads((model / "config.json").read_text())["vocab_size"]  # read from the folder
-    numbers = summary["cases"]["train"]
-    assert numbers["rl_assets"]["peak_mib"] > 0 and numbers["trl"]["peak_mib"] > 0
-
-
-@pytest.mark.parametrize("language", ["random", "a real model's folder"])
-def test_memory_bench_measures_a_vision_language_model_with_images(tmp_path, language):
-    out = tmp_path / "memory.json"
-    body = TINY
-    if language != "random":
-        from real_models import save_real_model
-
-        body = ["--model", str(save_real_model(tmp_path / "model", "llama", hidden_size=32, generation_defaults={})),
-                *TINY[TINY.index("--sequences"):]]
-    done = subprocess.run([PYTHON, str(REPO / "bench" / "memory.py"), *body, "--vision", "--image-size", "16", "--vision-hidden", "16",
-                           "--vision-layers", "1", "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
+    vision = ["--vision", "--image-size", "16", "--vision-hidden", "16", "--vision-layers", "1"]
+    done = subprocess.run([PYTHON, str(REPO / "bench" / "memory.py"), "--model", str(model), "--gradient-checkpointing", *vision,
+                           *TINY[TINY.index("--sequences"):], "--json", str(out)], cwd=REPO, capture_output=True, text=True, timeout=600)
     assert done.returncode == 0, f"--- stdout\n{done.stdout[-4000:]}\n--- stderr\n{done.stderr[-4000:]}"
     assert "in a LLaVA with a SigLIP tower (1 layers, width 16): one 16px image per sequence, 4 image tokens before the prompt" in done.stdout
     summary = json.loads(out.read_text())
+    assert summary["shape"]["model"] == str(model) and summary["shape"]["gradient_checkpointing"] is True
+    assert summary["shape"]["vocab"] == json.loads((model / "config.json").read_text())["vocab_size"]  # read from the folder
     assert summary["shape"]["vision"] is True and summary["shape"]["image_size"] == 16
     for case in ("logprobs", "train"):
         assert summary["cases"][case]["rl_assets"]["peak_mib"] > 0 and summary["cases"][case]["trl"]["peak_mib"] > 0

@@ -108,13 +108,15 @@ def test_the_agentic_demo_and_its_baseline_validate_and_differ_only_in_the_tool(
 
 @pytest.mark.e2e
 def test_the_agentic_demo_runs_and_its_rounds_learn_to_use_the_tool(micro_copy):
-    """The demo file unchanged, as `make agentic` runs it. The measured gain is +30 points (README); the test asks for 5."""
+    """The demo file as `make agentic` runs it, for two of its three rounds and on half its held-out prompts (the suite's
+    time): r02 must answer 5 points more often than r00, and call the tool more often."""
     project = micro_copy
     (project / "examples" / "agentic").mkdir(parents=True)
     for name in ("params.yaml", "multiplication.json"):
         shutil.copy(AGENTIC / name, project / "examples" / "agentic" / name)
-    python(["-m", "pipelines", "run"], project, timeout=900, RL_ASSETS_PARAMS="examples/agentic/params.yaml", RL_ASSETS_DVC_COMMIT="0")
+    python(["-m", "pipelines", "run", "--set", "rounds=2", "--set", "evaluation.max_prompts=150"], project, timeout=900,
+           RL_ASSETS_PARAMS="examples/agentic/params.yaml", RL_ASSETS_DVC_COMMIT="0")
     sampled = {r["checkpoint"]: r for r in read_table(project / "data/experiments/agentic/evaluation.parquet", "evaluation").to_pylist()
                if r["mode"] == "sampled"}  # experiment "agentic" (the file names it): its own data folder
-    first, last = sampled["r00/checkpoint"], sampled["r03/checkpoint"]
+    first, last = sampled["r00/checkpoint"], sampled["r02/checkpoint"]
     assert last["accuracy"] > first["accuracy"] + 0.05 and last["tool_call_rate"] > first["tool_call_rate"]
