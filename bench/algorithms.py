@@ -40,8 +40,9 @@ def step_seconds(root: Path) -> dict:
     """
     from dagster import AssetKey, DagsterInstance
 
-    steps = [json.loads(line) for line in (root / ".rl_assets" / "steps.jsonl").read_text().splitlines() if line.strip()]
-    seconds = {(step["stage"], step["round"]): step["seconds"] for step in steps if step["ok"]}  # the last run of each
+    from rl_assets.run.heartbeat import step_durations
+
+    seconds = {key: step["seconds"] for key, step in step_durations(root).items()}
     policy, critic = [], []
     with DagsterInstance.from_config(str(root / ".dagster")) as instance:
         n = 1
