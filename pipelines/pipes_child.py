@@ -30,10 +30,10 @@ from __future__ import annotations
 
 import atexit
 import json
+import logging
 import os
 import re
 import sys
-import threading
 import traceback
 from pathlib import Path
 
@@ -212,18 +212,33 @@ def leave(code: int) -> None:
     """End the process with `code` without the interpreter's teardown, once everything it wrote is closed and reported.
 
     A child holding torch, transformers and TRL spends long in Python's shutdown (freeing modules and tensors
-    one by one), and its step, then the run, waits for that exit. What shutdown does that matters is done here, in
-    its order: let thread pools stop and wait for non-daemon threads, run the atexit handlers (weakref finalizers included: trackers, vLLM),
-    flush stdout and stderr. The outputs are already renamed into place and Pipes closed, so nothing is left half-written.
+    one by one), and its step, then the run, waits for that exit. What shutdown does that matters still happens,
+    in its order: `sys.exit` lets thread pools stop, waits for non-daemon threads and runs the atexit handlers
+    (weakref finalizers included: trackers, vLLM); `_end_after_exit_handlers`, registered when this module is
+    imported and so run last, flushes stdout and stderr, shuts logging down and ends the process before the
+    modules are freed. The outputs are already renamed into place and Pipes closed, so nothing is left half-written.
     """
-    threading._shutdown()  # what shutdown runs first: threading's own exit hooks (idle thread pools' workers told to stop), then joins
-    atexit._run_exitfuncs()
+    global _leaving_with
+    _leaving_with = code
+    sys.exit(code)
+
+
+_leaving_with: int | None = None
+
+
+def _end_after_exit_handlers() -> None:
+    if _leaving_with is None:  # the module was only imported (a test, the code location): Python ends as it would
+        return
     for stream in (sys.stdout, sys.stderr):
         try:
             stream.flush()
         except (OSError, ValueError):  # a closed or broken stream: nothing more can reach it anyway
             pass
-    os._exit(code)
+    logging.shutdown()
+    os._exit(_leaving_with)
+
+
+atexit.register(_end_after_exit_handlers)  # first registered, last run: after every handler the child's own imports add
 
 
 if __name__ == "__main__":

@@ -9,7 +9,8 @@ import sys
 from conftest import REPO
 
 # A process that leaves work to shutdown: a non-daemon thread still writing, an atexit handler, a weakref finalizer,
-# a thread pool nobody shut down, and unflushed text on stdout and stderr (both pipes, so block-buffered).
+# a thread pool nobody shut down, and unflushed text on stdout and stderr (both pipes, so block-buffered); and an object
+# only the interpreter's teardown would free, which must not be.
 CHILD = """
 import atexit, sys, threading, time, weakref
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +28,10 @@ atexit.register(lambda: (out / "atexit").write_text("ran"))
 class Engine: pass
 engine = Engine()
 weakref.finalize(engine, lambda: (out / "finalizer").write_text("ran"))
+class Teardown:  # what the interpreter's teardown would run, which leave skips
+    def __init__(self, path): self.path = str(path)
+    def __del__(self): open(self.path, "w").write("ran")
+held = Teardown(out / "teardown")
 sys.stdout.write("buffered out"); sys.stderr.write("buffered err")
 leave(7)
 (out / "after").write_text("leave returned")
@@ -55,3 +60,10 @@ def test_the_cli_exits_with_its_commands_code_and_all_it_printed(tmp_path):
     refused = subprocess.run([sys.executable, "-m", "pipelines", "dvc-sync", "--check"], cwd=tmp_path, capture_output=True, text=True,
                              timeout=120, env={**os.environ, "PYTHONPATH": str(REPO)})
     assert refused.returncode == 2 and refused.stderr.startswith("error:") and "params.yaml" in refused.stderr
+
+
+def test_a_process_that_only_imports_it_ends_as_python_would(tmp_path):
+    """Importing the module (a test, the code location) changes nothing: the exit handler acts only after `leave`."""
+    code = "import atexit, sys\nimport pipelines.pipes_child\natexit.register(print, 'handler ran')\nsys.exit(3)\n"
+    done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert (done.returncode, done.stdout) == (3, "handler ran\n"), done.stderr
