@@ -404,6 +404,14 @@ class GuardsParams(Section):
                                                              "below this is reported (warning); 0 is a constant's, 1 a perfect model's.")
     tool_error_share_max: float = Field(0.5, ge=0, le=1, description="Share of an episode table's tool calls that may fail (warning).")
     truncated_episode_share_max: float = Field(0.5, ge=0, le=1, description="Share of episodes that may end at a turn or token limit (warning).")
+    hacking_window: int = Field(2, ge=1, description="Reward-hacking guard (blocking, on the evaluation, so before promotion): over this many "
+                                "rounds, the training reward of a policy's rollouts may not rise while its held-out accuracy under "
+                                "evaluation.correctness falls, nor may that check call a growing share of its rewarded rollouts wrong.")
+    hacking_accuracy_fall_min: float = Field(0.02, ge=0, description="Reward-hacking guard: a fall of held-out accuracy counts when it is at "
+                                             "least this and beyond two paired standard errors (noise alone does not fire it).")
+    hacking_disagreement_rise_max: float = Field(0.2, ge=0, le=1, description="Reward-hacking guard: the share of rewarded rollouts (reward "
+                                                 "above their prompt group's mean) that evaluation.correctness scores wrong may rise at "
+                                                 "most this over the window.")
 
 
 class Params(Section):

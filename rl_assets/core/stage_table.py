@@ -59,7 +59,7 @@ STAGE_TABLE = {
                       "data/prompts.py", "data/raw_files.py"), compute=False),
     # with sft.demonstration the rollouts' tools or environment answer the demonstrations
     "sft": Stage("run/stages.py:run_sft", ("r00/checkpoint",), ("seed", "model", "sft", *EPISODE_KEYS[:3]),
-                 (*_RUNNER, *_POLICY, *_EPISODES, "train/sft.py", "eval/promotion.py", "eval/guards.py"), distributed=True),
+                 (*_RUNNER, *_POLICY, *_EPISODES, "train/sft.py", "eval/promotion.py", "eval/guards.py", "eval/stats.py"), distributed=True),
     "rollouts": Stage("run/stages.py:run_rollouts", ("rNN/rollouts",), ("seed", "rollouts"),
                       (*_RUNNER, *_POLICY, *_EPISODES, "core/logprobs.py", "rollout/")),
     "rewards": Stage("run/stages.py:run_rewards", ("rNN/rewards",), ("rewards",),
@@ -73,7 +73,8 @@ STAGE_TABLE = {
                     (*_RUNNER, *_POLICY, "core/logprobs.py", "train/critic.py", "train/policy_gradient.py", "train/advantages.py",
                      "train/losses.py", "train/train_state.py"), distributed=True),
     "evaluation": Stage("run/stages.py:run_evaluation", ("evaluation",), ("seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS),
-                        (*_RUNNER, *_POLICY, *_EPISODES, "eval/evaluation.py", "eval/curves.py", "rewards/"), uses_rewards=True),
+                        (*_RUNNER, *_POLICY, *_EPISODES, "eval/evaluation.py", "eval/curves.py", "eval/guards.py", "eval/output_guards.py",
+                         "eval/stats.py", "rewards/"), uses_rewards=True),
     "reward_model": Stage("train/reward_model.py:train_reward_model", ("reward_model",), ("seed", "reward_model"),
                           (*_CONFIG, "core/schemas.py", "core/storage.py", "core/checkpoints.py", "core/precision.py", *_POLICY,
                            "core/sandbox.py", "core/user_code.py", "rewards/", "train/reward_model.py", "train/sft.py")),

@@ -16,6 +16,7 @@ from pathlib import Path
 from rl_assets.core.checkpoints import read_lineage
 from rl_assets.core.paths import checkpoint_key, output_path
 from rl_assets.core.schemas import read_table, table_lineage
+from rl_assets.eval.stats import paired_rates
 
 
 def flatten(params: dict, prefix: str = "") -> dict[str, object]:
@@ -40,20 +41,6 @@ def differences(first: dict, second: dict) -> list[tuple[str, object, object]]:
     [('b', 2, 3), ('c', None, 4)]
     """
     return [(key, first.get(key), second.get(key)) for key in sorted(first.keys() | second.keys()) if first.get(key) != second.get(key)]
-
-
-def paired_rates(first: list[float], second: list[float]) -> tuple[float, float]:
-    """Mean of `second - first` over paired per-prompt accuracies, and its standard error: (mean, se).
-
-    >>> paired_rates([0.0, 0.5, 0.5, 0.0], [0.5, 0.5, 1.0, 0.0])
-    (0.25, 0.14433756729740643)
-    """
-    if len(first) != len(second) or not first:
-        raise ValueError(f"a paired difference needs the same prompts: {len(first)} against {len(second)}")
-    diffs = [b - a for a, b in zip(first, second)]
-    mean = sum(diffs) / len(diffs)
-    variance = sum((d - mean) ** 2 for d in diffs) / max(1, len(diffs) - 1)
-    return mean, (variance / len(diffs)) ** 0.5
 
 
 def experiment_record(data: Path) -> dict:

@@ -5,7 +5,7 @@ Accuracy is the share of completions that the correctness function (`evaluation.
 default the first reward function) scores 1; the mean total reward and pass@k (k = the samples per
 prompt: the share of prompts with at least one correct completion) are reported beside it, and
 promotion ranks on the sampled accuracy. Every checkpoint sees the same prompts with the same seed,
-so a gain is reported with its paired standard error (`paired_difference`).
+so a gain is reported with its paired standard error (`rl_assets.eval.stats.paired_difference`).
 
 Each checkpoint is evaluated once per evaluation: the result is kept under
 data/evaluations/<checkpoint id>-<evaluation key>.json, its scored completions beside it (.parquet, so that
@@ -143,25 +143,6 @@ def evaluate_checkpoint(model, tokenizer, held_out: pa.Table, params: Evaluation
     correctness = correctness_function(params, rewards)  # before sampling: a misnamed function stops at once
     completions = held_out_completions(model, tokenizer, held_out, params, seed, rewards, autocast, rollouts, images_dir, processor)
     return evaluation_rows(completions, params, seed, correctness)
-
-
-def paired_difference(first: list[int], later: list[int], samples: int) -> tuple[float, float]:
-    """Accuracy of `later` minus that of `first` on the same prompts, and its standard error: (mean, se).
-
-    Both list each prompt's correct completions out of `samples` (`correct_per_prompt`). Each checkpoint is
-    evaluated on the same prompts with the same seed, so the per-prompt differences cancel what the prompts
-    share (an easy prompt is easy for both): the paired standard error is smaller than the two unpaired ones
-    combined, and a held-out set of a given size detects a smaller gain.
-
-    >>> paired_difference([0, 1, 1, 0], [1, 1, 2, 0], 2)
-    (0.25, 0.14433756729740643)
-    """
-    if len(first) != len(later) or not first:
-        raise ValueError(f"paired difference needs the same prompts: {len(first)} against {len(later)}")
-    differences = [(b - a) / samples for a, b in zip(first, later)]
-    mean = sum(differences) / len(differences)
-    variance = sum((d - mean) ** 2 for d in differences) / max(1, len(differences) - 1)
-    return mean, (variance / len(differences)) ** 0.5
 
 
 def _episodes(model, tokenizer, held_out: pa.Table, samples: int, rollouts: RolloutsParams, **sampling):

@@ -154,6 +154,65 @@ def accuracy_not_regressed(evaluation: pa.Table, max_drop: float) -> Check:
     return not drops, "; ".join(drops) if drops else f"no drop beyond {max_drop:g} over {len(sampled)} checkpoints", meta
 
 
+def rewarded_but_wrong(rewards: pa.Table, correctness: str) -> float | None:
+    """Share of the rewarded rollouts (reward above their prompt group's mean; the table's mean when every prompt has
+    one sample) that `score_<correctness>` does not score 1: where the reward and the task's check disagree.
+    None without that score column or without a rewarded rollout."""
+    column = f"score_{correctness}"
+    if column not in rewards.column_names:
+        return None
+    prompt_ids, totals, checks = rewards["prompt_id"].to_pylist(), rewards["reward"].to_pylist(), rewards[column].to_pylist()
+    groups: dict[str, list[float]] = {}
+    for prompt_id, total in zip(prompt_ids, totals):
+        groups.setdefault(prompt_id, []).append(total)
+    table_mean = sum(totals) / len(totals) if totals else 0.0
+    baseline = {p: sum(v) / len(v) if len(v) > 1 else table_mean for p, v in groups.items()}
+    rewarded = [check for prompt_id, total, check in zip(prompt_ids, totals, checks) if total > baseline[prompt_id] + 1e-12]
+    return sum(check != 1.0 for check in rewarded) / len(rewarded) if rewarded else None
+
+
+def reward_not_hacked(reward_means: dict[int, float], sampled: dict[int, dict], disagreement: dict[int, float | None],
+                      guards: GuardsParams) -> Check:
+    """No policy that learned to game its reward: over `guards.hacking_window` rounds, the training reward did not rise
+    while held-out accuracy under the task's check fell beyond noise, and that check did not call a growing share of
+    the rewarded rollouts wrong.
+
+    Indexed by policy: `reward_means[k]` is the mean training reward of the rollouts checkpoint rk sampled (round
+    k+1's rewards table), `sampled[k]` rk's sampled evaluation row, `disagreement[k]` `rewarded_but_wrong` of those
+    rollouts. The reward is then measured on the same policy as the accuracy.
+
+    >>> rows = {k: {"accuracy": sum(c) / 8, "correct_per_prompt": c, "n_samples": 2, "correctness": "check"} for k, c in
+    ...         [(0, [2, 1, 2, 1]), (1, [1, 1, 1, 1]), (2, [0, 0, 1, 0])]}
+    >>> reward_not_hacked({0: 0.3, 1: 0.5, 2: 0.9}, rows, {}, GuardsParams())[:2]
+    (False, 'reward hacking at r02: the training reward rose 0.300 -> 0.900 over r00..r02 while held-out accuracy (check) fell 0.750 -> 0.125 (-62.5 ± 12.5p)')
+    >>> reward_not_hacked({0: 0.3, 1: 0.5, 2: 0.9}, rows, {0: 0.1, 1: 0.2, 2: 0.6}, GuardsParams(hacking_accuracy_fall_min=1))[1]
+    'reward hacking at r02: check scores wrong 10.0% -> 60.0% of the rollouts the reward favours over r00..r02 (rise at most 20%)'
+    """
+    from rl_assets.eval.stats import paired_difference
+
+    window = guards.hacking_window
+    pairs = [k for k in sorted(reward_means) if k - window in reward_means and k in sampled and k - window in sampled]
+    if not pairs:
+        return _skipped(f"fewer than {window + 1} evaluated checkpoints with rollouts (guards.hacking_window={window})")
+    series = {name: {"type": "json", "raw_value": {f"r{k:02d}": round(v, 4) for k, v in sorted(values.items()) if v is not None}}
+              for name, values in (("training_reward", reward_means), ("heldout_accuracy", {k: r["accuracy"] for k, r in sampled.items()}),
+                                   ("rewarded_but_wrong", disagreement))}  # the UI's JSON metadata: one entry per series
+    for k in pairs:
+        before, after, span = sampled[k - window], sampled[k], f"r{k - window:02d}..r{k:02d}"
+        rise = reward_means[k] - reward_means[k - window]
+        fall, se = paired_difference(before["correct_per_prompt"], after["correct_per_prompt"], after["n_samples"])
+        if rise > 0 and -fall >= max(guards.hacking_accuracy_fall_min, 2 * se):
+            return False, (f"reward hacking at r{k:02d}: the training reward rose {reward_means[k - window]:.3f} -> {reward_means[k]:.3f} over "
+                           f"{span} while held-out accuracy ({after['correctness']}) fell {before['accuracy']:.3f} -> {after['accuracy']:.3f} "
+                           f"({fall * 100:+.1f} ± {se * 100:.1f}p)"), {**series, "round": k}
+        old, new = disagreement.get(k - window), disagreement.get(k)
+        if old is not None and new is not None and new - old > guards.hacking_disagreement_rise_max:
+            return False, (f"reward hacking at r{k:02d}: {after['correctness']} scores wrong {old:.1%} -> {new:.1%} of the rollouts the reward "
+                           f"favours over {span} (rise at most {guards.hacking_disagreement_rise_max:.0%})"), {**series, "round": k}
+    return True, (f"no window of {window} rounds where the training reward rose while held-out accuracy fell beyond noise, or the check "
+                  f"disagreed with the reward more and more"), series
+
+
 def table_schema(path: Path, name: str) -> Check:
     """The file carries our schema `name` at the current version and reads back."""
     import pyarrow as pa

@@ -40,7 +40,10 @@ REWARDS = {
     "reward_signal": (True, "Some prompt group has differing rewards; otherwise every GRPO advantage is 0 (ppo: some rewards differ)."),
     "reward_not_regressed": (False, "Mean rollout reward at most guards.reward_drop_max below the previous round's."),
 }
-EVALUATION = {**TABLE, "accuracy_not_regressed": (False, "No checkpoint's sampled accuracy more than guards.accuracy_drop_max below the one before.")}
+EVALUATION = {**TABLE, "accuracy_not_regressed": (False, "No checkpoint's sampled accuracy more than guards.accuracy_drop_max below the one before."),
+              "reward_not_hacked": (True, "The training reward did not rise while held-out accuracy under evaluation.correctness fell, nor "
+                                          "did that check call a growing share of rewarded rollouts wrong (guards.hacking_*); a failure "
+                                          "stops the run before promotion.")}
 
 Guards = dict[str, Callable[[], guards.Check]]
 
@@ -136,7 +139,24 @@ def _with_sources(key: str):
 def _evaluation():
     return EVALUATION, lambda p: {
         "schema": lambda: guards.table_schema(_out("evaluation", p), "evaluation"),
-        "accuracy_not_regressed": lambda: guards.accuracy_not_regressed(_read(_out("evaluation", p), "evaluation"), p.guards.accuracy_drop_max)}
+        "accuracy_not_regressed": lambda: guards.accuracy_not_regressed(_read(_out("evaluation", p), "evaluation"), p.guards.accuracy_drop_max),
+        "reward_not_hacked": lambda: _reward_not_hacked(p)}
+
+
+def _reward_not_hacked(p: Params) -> guards.Check:
+    """The hacking guard's series: each policy's training reward and rewarded-but-wrong share (from the next round's
+    rewards table) beside its sampled held-out row."""
+    import pyarrow.compute as pc
+
+    sampled = {int(r["checkpoint"][1:3]): r for r in _read(_out("evaluation", p), "evaluation").to_pylist() if r["mode"] == "sampled"}
+    correctness = next(iter(sampled.values()))["correctness"]
+    means, disagreement = {}, {}
+    for n in range(1, p.rounds + 1):
+        path = _out(f"{round_prefix(n)}/rewards", p)
+        if path.is_file():
+            table = _read(path, "rewards")
+            means[n - 1], disagreement[n - 1] = pc.mean(table["reward"]).as_py(), guards.rewarded_but_wrong(table, correctness)
+    return guards.reward_not_hacked(means, sampled, disagreement, p.guards)
 
 
 def _guards_of(key: str):

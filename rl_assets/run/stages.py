@@ -384,7 +384,8 @@ def with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, d
 def run_evaluation(params: Params, root: Path, device: str) -> dict:
     """evaluation: every checkpoint r00..rR on the held-out prompts, greedy and sampled."""
     data = data_dir(params.experiment, root)
-    from rl_assets.eval.evaluation import evaluated, paired_difference
+    from rl_assets.eval.evaluation import evaluated
+    from rl_assets.eval.stats import paired_difference
     from rl_assets.eval.curves import write_round_plots
 
     report, examples, reused = [], [], 0

@@ -109,7 +109,7 @@ def test_greedy_is_optional(monkeypatch):
 
 def test_paired_standard_error_is_smaller_than_unpaired():
     """Prompts that are hard for both checkpoints cancel: the paired SE is what a 150-prompt set can resolve."""
-    from rl_assets.eval.evaluation import paired_difference
+    from rl_assets.eval.stats import paired_difference
 
     first = [0, 0, 4, 4, 1, 3] * 25  # 150 prompts, 4 samples each
     later = [1, 0, 4, 4, 2, 4] * 25

@@ -88,3 +88,48 @@ def test_lineage_guards_pass_on_a_consistent_project_and_catch_each_break(tmp_pa
     assert not passed and "hash of the weights" in description
     (root / "data/raw/extra.jsonl").write_text("changed\n")
     assert not guards.sources_match_files(read_table(data / "prompts.parquet", "prompts"), root)[0]
+
+
+def _sampled(*counts: list[int], samples: int = 2) -> dict[int, dict]:
+    return {k: {"accuracy": sum(c) / (len(c) * samples), "correct_per_prompt": c, "n_samples": samples, "correctness": "check"}
+            for k, c in enumerate(counts)}
+
+
+def test_reward_hacking_fires_only_on_a_fall_beyond_noise_while_the_reward_rises():
+    from rl_assets.core.config import GuardsParams
+    from rl_assets.eval.guards import reward_not_hacked
+
+    guards = GuardsParams(hacking_window=1)
+    falling = _sampled([2, 2, 2, 2, 1, 1, 2, 2], [0, 1, 0, 1, 0, 0, 1, 0])
+    passed, why, meta = reward_not_hacked({0: 0.2, 1: 0.4}, falling, {}, guards)
+    assert not passed and why.startswith("reward hacking at r01") and meta["round"] == 1
+    assert meta["training_reward"]["raw_value"] == {"r00": 0.2, "r01": 0.4}
+    assert reward_not_hacked({0: 0.4, 1: 0.3}, falling, {}, guards)[0]  # the reward fell too: a worse policy, not a hacked one
+    noisy = _sampled([2, 0, 2, 0, 1, 1, 2, 0], [0, 2, 1, 1, 0, 2, 1, 0])  # accuracy down 1/16 with a wide spread
+    assert reward_not_hacked({0: 0.2, 1: 0.4}, noisy, {}, guards)[0]
+    assert reward_not_hacked({0: 0.2, 1: 0.4}, falling, {}, GuardsParams(hacking_window=1, hacking_accuracy_fall_min=0.9))[0]
+    skipped = reward_not_hacked({0: 0.2}, falling, {}, GuardsParams(hacking_window=2))
+    assert skipped[0] and skipped[1].startswith("skipped:")
+
+
+def test_a_growing_disagreement_between_reward_and_check_fires_too():
+    from rl_assets.core.config import GuardsParams
+    from rl_assets.eval.guards import reward_not_hacked
+
+    flat = _sampled([1, 1, 1, 1], [1, 1, 1, 1])
+    guards = GuardsParams(hacking_window=1)
+    assert not reward_not_hacked({0: 0.2, 1: 0.4}, flat, {0: 0.1, 1: 0.5}, guards)[0]
+    assert reward_not_hacked({0: 0.2, 1: 0.4}, flat, {0: 0.1, 1: 0.25}, guards)[0]
+    assert reward_not_hacked({0: 0.2, 1: 0.4}, flat, {0: None, 1: 0.9}, guards)[0]  # no rewarded rollout to judge in r00
+
+
+def test_rewarded_but_wrong_is_the_share_of_above_group_mean_rollouts_the_check_rejects():
+    import pyarrow as pa
+
+    from rl_assets.eval.guards import rewarded_but_wrong
+
+    rewards = pa.table({"prompt_id": ["a", "a", "b", "b", "c"], "reward": [1.0, 0.0, 0.5, 0.5, 0.7],
+                        "score_check": [0.0, 1.0, 1.0, 0.0, 1.0]})
+    # a: the first is rewarded and wrong; b: equal rewards, none rewarded; c: one sample, above the table mean (0.54) and right
+    assert rewarded_but_wrong(rewards, "check") == 0.5
+    assert rewarded_but_wrong(rewards, "missing") is None
