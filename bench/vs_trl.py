@@ -210,7 +210,7 @@ def trl_worker(args: argparse.Namespace) -> None:
     from rl_assets.core.policy import load_policy, pick_device
     from rl_assets.core.paths import checkpoint_key, data_dir, output_path
     from rl_assets.rewards import resolve_reward_function
-    from rl_assets.rollout.sampling import choose_prompts
+    from rl_assets.rollout.selection import choose_prompts
     from rl_assets.core.schemas import read_table
 
     params = load_params("params.yaml")

@@ -179,6 +179,25 @@ class EnvironmentParams(Section):
     options: dict[str, Any] = Field(default_factory=dict, description="Keyword arguments of its constructor.")
 
 
+class SelectionParams(Section):
+    kind: Literal["uniform", "band", "priority"] = Field("uniform", description="How a round picks its B prompts from the rl split: "
+                                                         "uniform (a seeded draw), band (only prompts whose pass rate so far lies "
+                                                         "between low and high), priority (weighted toward a 50% pass rate); "
+                                                         "rl_assets/rollout/selection.py.")
+    low: float = Field(0.0, ge=0, lt=1, description="band: a prompt whose pass rate so far is at most this is skipped (never solved).")
+    high: float = Field(1.0, gt=0, le=1, description="band: a prompt whose pass rate so far is at least this is skipped (always solved).")
+    min_samples: int = Field(1, ge=1, description="Completions of a prompt that must have been scored before its pass rate counts; "
+                                                  "fewer: it counts as not yet seen (always in the band, the largest priority).")
+    experiments: list[str] = Field(default_factory=list, description="Other experiments whose rounds count toward the pass rates too "
+                                                                     "(matched by prompt_id), e.g. an earlier run on the same data.")
+
+    @model_validator(mode="after")
+    def _ordered(self):
+        if self.low >= self.high:
+            raise ValueError(f"selection.low ({self.low}) must be below selection.high ({self.high})")
+        return self
+
+
 class RolloutsParams(Section):
     prompts_per_round: int = Field(64, ge=1, description="B: training prompts sampled each round.")
     samples_per_prompt: int = Field(8, ge=1, description="G: completions per prompt (the GRPO group).")
@@ -195,6 +214,8 @@ class RolloutsParams(Section):
     environment: EnvironmentParams | None = Field(None, description="A multi-turn environment instead of tools (built in: guess_the_number).")
     max_turns: int = Field(4, ge=1, le=64, description="Policy turns per episode (tools or environment); an episode still going after them is truncated.")
     max_episode_tokens: int = Field(64, ge=1, description="Policy tokens per episode over all its turns (max_new_tokens caps each turn).")
+    selection: SelectionParams = Field(default_factory=SelectionParams, description="Which prompts each round samples: uniform, or by "
+                                                                                    "their pass rates over the rounds so far.")
 
     @model_validator(mode="after")
     def _one_environment(self):

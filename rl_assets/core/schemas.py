@@ -18,7 +18,7 @@ SCHEMA_VERSION = 3  # 2: `extra` (JSON object of reward inputs) in raw_data, pro
 # Tables whose schema moved on since; each still reads the version before it (`_UPGRADES`).
 # rollouts 4: episodes (completion_mask, turns, tool_calls, num_turns, environment, environment_rewards); evaluation 4: tool_call_rate,
 # 5: correct_per_prompt, gain, gain_se; raw_data and prompts 4: image_ids
-TABLE_VERSIONS = {"rollouts": 5, "evaluation": 5, "raw_data": 4, "prompts": 4}  # rollouts 5: image_ids
+TABLE_VERSIONS = {"rollouts": 6, "evaluation": 5, "raw_data": 4, "prompts": 4}  # rollouts 5: image_ids
 
 RAW_DATA = pa.schema(
     [
@@ -77,6 +77,10 @@ ROLLOUTS = pa.schema(
         ("environment", pa.string()),
         ("environment_rewards", pa.string()),  # JSON object: the environment's reward parts summed over the episode
         ("image_ids", pa.list_(pa.string())),  # the prompt's images (prompts.image_ids); [] for text
+        # Why the prompt was chosen (rollouts.selection): its pass rate over the earlier rounds when chosen (null: not seen,
+        # or not read by a uniform selection) and how many of its completions were scored then
+        ("prior_pass_rate", pa.float64()),
+        ("prior_samples", pa.int32()),
     ]
 )
 EPISODE_COLUMNS = ("completion_mask", "turns", "tool_calls", "num_turns", "environment", "environment_rewards")
@@ -149,7 +153,14 @@ def _text_only(table: pa.Table) -> pa.Table:
     return table.append_column(pa.field("image_ids", pa.list_(pa.string())), pa.array([[]] * table.num_rows, pa.list_(pa.string())))
 
 
-_UPGRADES = {("rollouts", "3"): _single_turn, ("rollouts", "4"): _text_only, ("raw_data", "3"): _text_only, ("prompts", "3"): _text_only,
+def _unselected(table: pa.Table) -> pa.Table:
+    """A rollouts table of v5 as v6: why each prompt was chosen was not recorded (null)."""
+    return table.append_column(ROLLOUTS.field("prior_pass_rate"), pa.nulls(table.num_rows, pa.float64())) \
+                .append_column(ROLLOUTS.field("prior_samples"), pa.nulls(table.num_rows, pa.int32()))
+
+
+_UPGRADES = {("rollouts", "3"): lambda t: _unselected(_single_turn(t)), ("rollouts", "4"): lambda t: _unselected(_text_only(t)),
+             ("rollouts", "5"): _unselected, ("raw_data", "3"): _text_only, ("prompts", "3"): _text_only,
              ("evaluation", "3"): _evaluation_columns, ("evaluation", "4"): _evaluation_columns}
 
 

@@ -87,10 +87,13 @@ ROUND_STAGES = tuple(name for name, stage in STAGE_TABLE.items() if any(key.star
 
 
 def stage_params(stage: str, params) -> list[str]:
-    """The params keys that shape `stage`'s output under `params` (sft also reads the promoted model's choice when it starts there)."""
+    """The params keys that shape `stage`'s output under `params` (sft also reads the promoted model's choice when it starts there,
+    rollouts the correctness check when they choose prompts by pass rate)."""
     keys = list(STAGE_TABLE[stage].params)
     if stage == "sft" and params.promotion.warm_start == "promoted":
         keys.append("promotion.warm_start")
+    if stage == "rollouts" and params.rollouts.selection.kind != "uniform":  # pass rates are counted by the task's check
+        keys.append("evaluation.correctness")
     return keys
 
 

@@ -7,7 +7,6 @@ temperature, recomputed with one forward pass so that training's first ratio is 
 from __future__ import annotations
 
 import contextlib
-import random
 from pathlib import Path
 
 import pyarrow as pa
@@ -19,30 +18,23 @@ from rl_assets.core.schemas import ROLLOUTS
 from rl_assets.core.vision import is_vision_model
 from rl_assets.data.images import open_images
 from rl_assets.rollout.generation import eos_token_ids, generate
-
-
-def choose_prompts(prompts: pa.Table, count: int, round_number: int, seed: int) -> pa.Table:
-    """The round's B prompts: a seeded draw without replacement from the `rl` split."""
-    train = prompts.filter(pa.compute.equal(prompts["split"], "rl"))
-    if train.num_rows == 0:
-        raise ValueError("prompts table has no 'rl' split rows; lower prompts.sft_fraction or add data")
-    indices = random.Random(seed * 1000 + round_number).sample(range(train.num_rows), min(count, train.num_rows))
-    return train.take(sorted(indices))
+from rl_assets.rollout.selection import choose_prompts
 
 
 def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams, *, round_number: int, seed: int,
                     policy_id: str, prompts_hash: str, progress: bool = True, model_path: str | None = None, autocast=None,
-                    loaded=None, images_dir: Path | None = None, processor=None) -> pa.Table:
+                    loaded=None, images_dir: Path | None = None, processor=None, pass_counts: dict | None = None) -> pa.Table:
     """The `ROLLOUTS` table of one round: G samples for each of B prompts from `model` (sampled by vLLM from `model_path` when chosen).
 
     The stored log-probs are recomputed by `model` in micro-batches of `logprob_batch_size` under
     `autocast`, the trainer's precision, so training's first ratio is 1 whichever engine sampled.
     With `loaded` (rl_assets.run.loaded), the vLLM engine is kept there for the next round.
     A vision-language `model` sees each prompt's images (read from `images_dir`, turned into pixel inputs by `processor`).
+    `pass_counts` ({prompt_id: (correct, completions)} of the rounds so far) steer `params.selection` (rl_assets.rollout.selection).
     """
     from rl_assets.rollout.vllm_sampling import VllmEngine, resolve_engine
 
-    chosen = choose_prompts(prompts, params.prompts_per_round, round_number, seed)
+    chosen = choose_prompts(prompts, params.prompts_per_round, round_number, seed, params.selection, pass_counts)
     sample_seed = seed * 1000 + round_number
     G = params.samples_per_prompt
     device = str(next(model.parameters()).device)
@@ -109,6 +101,8 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
             "environment": [params.episodes[0]] * n if episodes else [None] * n,
             "environment_rewards": episode_column("environment_rewards"),
             "image_ids": [ids or [] for ids in repeat("image_ids")] if "image_ids" in chosen.column_names else [[]] * n,
+            "prior_pass_rate": repeat("prior_pass_rate"),
+            "prior_samples": repeat("prior_samples"),
         },
         schema=ROLLOUTS,
     )

@@ -82,12 +82,34 @@ def precision(params: Params, device: str) -> str:
     return resolve_mixed_precision(params.train.mixed_precision, device)
 
 
+def selection_history(params: Params, round_number: int, root: Path) -> tuple[dict, dict[str, str]] | None:
+    """The pass counts that `rollouts.selection` chooses round `round_number`'s prompts by, and the rewards tables they
+    come from with their hashes: this experiment's rounds before it, and every round of `selection.experiments`.
+    None for a uniform selection, which reads no history."""
+    selection = params.rollouts.selection
+    if selection.kind == "uniform":
+        return None
+    from rl_assets.rollout.selection import pass_counts
+
+    data = data_dir(params.experiment, root)
+    paths = [output_path(f"{round_prefix(n)}/rewards", data) for n in range(1, round_number)]
+    for name in selection.experiments:
+        found = sorted(data_dir(name, root).glob("r[0-9][0-9]/rewards.parquet"))
+        if not found:
+            raise FileNotFoundError(f"rollouts.selection.experiments: experiment {name!r} has no rewards tables under {data_dir(name, root)}")
+        paths += found
+    correctness = params.evaluation.correctness or params.rewards.functions[0].score_name
+    counts = pass_counts([read_table(path, "rewards") for path in paths], correctness)
+    return counts, {path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix(): file_hash(path) for path in paths}
+
+
 def run_rollouts(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
     """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.vision import folder_is_vision_model, is_vision_model, load_processor
     from rl_assets.data.prompts import require_text_prompts
     from rl_assets.rollout.sampling import sample_rollouts
+    from rl_assets.rollout.selection import selection_metadata
 
     policy_path = output_path(checkpoint_key(round_number - 1), data)
     prompts_path = output_path("prompts", data)
@@ -97,13 +119,16 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
     model, tokenizer = loaded.policy(policy_path, device, weights_dtype(mode), chain=True)
     started = time.perf_counter()
     processor = load_processor(policy_path, tokenizer, model.config) if is_vision_model(model.config) else None
+    history = selection_history(params, round_number, root)
     table = sample_rollouts(model, tokenizer, prompts, params.rollouts, round_number=round_number,
                             seed=params.seed, policy_id=checkpoint_id(policy_path), prompts_hash=file_hash(prompts_path),
                             model_path=str(policy_path), autocast=compute_autocast(mode, device), loaded=loaded,
-                            images_dir=data / IMAGES, processor=processor)
+                            images_dir=data / IMAGES, processor=processor, pass_counts=history[0] if history else None)
     elapsed = time.perf_counter() - started
-    write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", data), ROLLOUTS, "rollouts",
-                lineage=stage_lineage("rollouts", params))
+    lineage = stage_lineage("rollouts", params)
+    if history:  # the rewards tables whose pass rates chose the prompts, as they were
+        lineage["selection_history"] = history[1]
+    write_table(table, output_path(f"{round_prefix(round_number)}/rollouts", data), ROLLOUTS, "rollouts", lineage=lineage)
     lengths = [len(ids) for ids in table["completion_ids"].to_pylist()]
     group = params.rollouts.samples_per_prompt  # two samples each of the first four prompts: several pictures, and how samples differ
     shown_rows = [row for row in (p * group + s for p in range(8) for s in range(min(group, 2))) if row < table.num_rows][:8]
@@ -112,6 +137,8 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
     metadata = {"rows": table.num_rows, "prompts": table.num_rows // params.rollouts.samples_per_prompt,
                 "mean_completion_tokens": sum(lengths) / len(lengths), "truncated_share": sum(table["truncated"].to_pylist()) / table.num_rows,
                 "completion_tokens_per_second": sum(lengths) / elapsed if elapsed else 0.0,  # sampling plus the log-prob pass
+                **({"selection": params.rollouts.selection.kind, **{k: v for k, v in selection_metadata(table, params.rollouts.samples_per_prompt).items()
+                                                                     if v is not None}} if history else {}),
                 "samples": {"type": "md", "raw_value": markdown_table(["prompt", "completion", "answer"], samples)}}
     shown = picked["image_ids"].to_pylist()
     if any(shown):  # what the policy saw beside what it wrote: each sample's pictures, as `rl-assets serve` answers for them

@@ -32,7 +32,8 @@ SAMPLES = {
         {"round": 1, "prompt_id": "p", "sample_idx": s, "prompt": "1+2=", "answer": "3", "extra": "{}", "completion": "3",
          "prompt_ids": [1, 5, 67, 6, 71], "completion_ids": [7, 2][: s + 1], "logprobs": [-0.5, -1.25][: s + 1],
          "sampler_logprobs": None if s == 0 else [-0.5, -1.5], "truncated": s == 0, "policy_id": "ckpt", "temperature": 1.0, "top_p": 0.5, "max_new_tokens": 4, "seed": 1001,
-         "prompts_hash": "h", "image_ids": [] if s == 0 else ["a" * 64], **(SINGLE if s == 0 else {**EPISODE, "completion_ids": [7, 2, 9, 9, 3], "logprobs": [-0.5, -1.25, 0.0, 0.0, -0.75],
+         "prompts_hash": "h", "image_ids": [] if s == 0 else ["a" * 64], "prior_pass_rate": None if s == 0 else 0.5,
+         "prior_samples": 0 if s == 0 else 8, **(SINGLE if s == 0 else {**EPISODE, "completion_ids": [7, 2, 9, 9, 3], "logprobs": [-0.5, -1.25, 0.0, 0.0, -0.75],
                                                          "sampler_logprobs": None})}
         for s in range(2)
     ]),
@@ -47,6 +48,9 @@ SAMPLES = {
          "rollouts_hash": "h", "score_arithmetic_answer": 1.0, "score_answer_format": None},
     ]),
 }
+
+
+SELECTION = ("prior_pass_rate", "prior_samples")  # rollouts v6
 
 
 @pytest.mark.parametrize("name", list(SAMPLES))
@@ -148,24 +152,35 @@ def test_write_table_replaces_an_existing_file(tmp_path):
 
 def test_a_single_turn_rollouts_table_of_v3_still_reads_as_one_turn_each(tmp_path):
     """Written before episodes: the episode columns read as null, with one policy turn per rollout."""
-    rows = [{k: v for k, v in SAMPLES["rollouts"][1][0].items() if k not in (*EPISODE_COLUMNS, "image_ids")}]
-    v3 = pa.schema([f for f in ROLLOUTS if f.name not in (*EPISODE_COLUMNS, "image_ids")])
+    rows = [{k: v for k, v in SAMPLES["rollouts"][1][0].items() if k not in (*EPISODE_COLUMNS, "image_ids", *SELECTION)}]
+    v3 = pa.schema([f for f in ROLLOUTS if f.name not in (*EPISODE_COLUMNS, "image_ids", *SELECTION)])
     path = tmp_path / "rollouts.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=v3).replace_schema_metadata({b"rl_assets.schema": b"rollouts", b"rl_assets.schema_version": b"3"}), path)
     back = read_table(path, "rollouts")
     assert back.schema.remove_metadata().equals(ROLLOUTS)
-    assert back.to_pylist() == [SAMPLES["rollouts"][1][0]]
+    assert back.to_pylist() == [{**SAMPLES["rollouts"][1][0], "prior_samples": None}]
 
 
 def test_a_rollouts_table_of_v4_reads_as_text_only(tmp_path):
     """Written before prompts carried images: every rollout's image_ids is []."""
-    rows = [{k: v for k, v in row.items() if k != "image_ids"} for row in SAMPLES["rollouts"][1]]
-    v4 = ROLLOUTS.remove(ROLLOUTS.get_field_index("image_ids"))
+    rows = [{k: v for k, v in row.items() if k not in ("image_ids", *SELECTION)} for row in SAMPLES["rollouts"][1]]
+    v4 = pa.schema([f for f in ROLLOUTS if f.name not in ("image_ids", *SELECTION)])
     path = tmp_path / "rollouts.parquet"
     pq.write_table(pa.Table.from_pylist(rows, schema=v4).replace_schema_metadata({b"rl_assets.schema": b"rollouts", b"rl_assets.schema_version": b"4"}), path)
     back = read_table(path, "rollouts")
     assert back.schema.remove_metadata().equals(ROLLOUTS)
-    assert back["image_ids"].to_pylist() == [[], []] and back.drop_columns(["image_ids"]).to_pylist() == rows
+    assert back["image_ids"].to_pylist() == [[], []] and back.drop_columns(["image_ids", *SELECTION]).to_pylist() == rows
+
+
+def test_a_rollouts_table_of_v5_reads_without_why_its_prompts_were_chosen(tmp_path):
+    """Written before rollouts.selection: the prompts' prior pass rate and sample count are null (not recorded)."""
+    rows = [{k: v for k, v in row.items() if k not in SELECTION} for row in SAMPLES["rollouts"][1]]
+    v5 = pa.schema([f for f in ROLLOUTS if f.name not in SELECTION])
+    path = tmp_path / "rollouts.parquet"
+    pq.write_table(pa.Table.from_pylist(rows, schema=v5).replace_schema_metadata({b"rl_assets.schema": b"rollouts", b"rl_assets.schema_version": b"5"}), path)
+    back = read_table(path, "rollouts")
+    assert back.schema.remove_metadata().equals(ROLLOUTS)
+    assert back.select(list(SELECTION)).to_pylist() == [{"prior_pass_rate": None, "prior_samples": None}] * 2
 
 
 def test_an_evaluation_table_of_v3_reads_without_a_tool_call_rate(tmp_path):

@@ -12,7 +12,8 @@ import torch
 from rl_assets.core.config import RolloutsParams
 from rl_assets.rollout.generation import generate
 from rl_assets.core.logprobs import completion_logprobs
-from rl_assets.rollout.sampling import choose_prompts, sample_rollouts
+from rl_assets.rollout.sampling import sample_rollouts
+from rl_assets.rollout.selection import choose_prompts
 from rl_assets.core.schemas import ROLLOUTS, read_table, write_table
 from rl_assets.core.tokenizer import build_tiny_tokenizer
 
