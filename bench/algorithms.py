@@ -13,7 +13,8 @@ differences over the seeds gives the standard error printed beside the mean.
 Seconds come from Dagster's event log: a round is the time between two rNN/checkpoint materializations; within
 a round, the policy step is rNN/checkpoint's time after rNN/rewards minus its held-out evaluation, and the value
 model's step rNN/critic's time after rNN/checkpoint (the resident child runs one output after another).
-Prints one JSON line per run, then the summary.
+Prints one JSON line per run, then the summary, which also says how soon each later arm reached the first arm's final
+sampled accuracy, as a share of the first arm's time to its final round (e.g. a curriculum against uniform sampling).
 """
 
 from __future__ import annotations
@@ -86,6 +87,15 @@ def mean_and_se(values: list[float]) -> tuple[float, float | None]:
     return round(mean, 4), (round(statistics.stdev(values) / math.sqrt(len(values)), 4) if len(values) > 1 else None)
 
 
+def time_to_reach(curve: list[dict], target: float) -> float | None:
+    """Seconds from r00 to the first later checkpoint whose sampled accuracy is at least `target` (None: none is).
+
+    >>> time_to_reach([{"round": 0, "sampled_accuracy": 0.5, "elapsed_s": 0}, {"round": 1, "sampled_accuracy": 0.6, "elapsed_s": 9.0}], 0.55)
+    9.0
+    """
+    return next((r["elapsed_s"] for r in curve if r["round"] > 0 and r["sampled_accuracy"] >= target), None)
+
+
 def summary(runs: dict[str, list[dict]]) -> dict:
     """Per arm: the mean curve and the mean gain over r00; per later arm: its paired difference from the first arm, round by round."""
     names = list(runs)
@@ -104,6 +114,13 @@ def summary(runs: dict[str, list[dict]]) -> dict:
     for name in names[1:]:
         out[f"{name}_minus_{first}"] = [mean_and_se([b["curve"][r]["sampled_accuracy"] - a["curve"][r]["sampled_accuracy"]
                                                      for a, b in zip(runs[first], runs[name])]) for r in range(rounds)]
+        # how soon the arm reaches the first arm's final sampled accuracy, as a share of the first arm's time to its final round
+        ratios = [time_to_reach(b["curve"][:rounds], a["curve"][rounds - 1]["sampled_accuracy"]) for a, b in zip(runs[first], runs[name])]
+        ratios = [t / a["curve"][rounds - 1]["elapsed_s"] if t is not None else None for t, a in zip(ratios, runs[first])]
+        reached = [r for r in ratios if r is not None]
+        out[f"{name}_time_to_{first}_final"] = {"per_seed": [round(r, 3) if r is not None else None for r in ratios],
+                                                 "mean_se_of_seeds_that_reached": mean_and_se(reached) if reached else None,
+                                                 "reached": f"{len(reached)} of {len(ratios)}"}
         if out[first]["seconds_per_round"] and out[name]["seconds_per_round"]:
             out[f"{name}_over_{first}_seconds_per_round"] = round(out[name]["seconds_per_round"] / out[first]["seconds_per_round"], 2)
     return out

@@ -56,3 +56,27 @@ def test_pass_counts_need_the_check_column():
 def test_a_band_that_is_empty_is_refused():
     with pytest.raises(ValueError, match="selection.low"):
         SelectionParams(kind="band", low=0.8, high=0.2)
+
+
+def test_the_history_is_this_experiment_s_earlier_rounds_and_the_named_experiments(tmp_path):
+    from conftest import REPO
+    from rl_assets.core.params_file import load_params
+    from rl_assets.core.schemas import rewards_schema, write_table
+    from rl_assets.core.storage import file_hash
+    from rl_assets.run.stages import selection_history
+
+    params = load_params(REPO / "params.yaml")
+    band = params.model_copy(update={"rollouts": params.rollouts.model_copy(update={"selection": SelectionParams(kind="band", experiments=["old"])})})
+    assert selection_history(params, 3, tmp_path) is None  # uniform reads nothing
+    tables = {"data/r01/rewards.parquet": ["a", "b"], "data/r02/rewards.parquet": ["a", "a"], "data/r03/rewards.parquet": ["c", "c"],
+              "data/experiments/old/r01/rewards.parquet": ["b", "c"]}
+    for path, ids in tables.items():
+        write_table(pa.table({"round": [1, 1], "prompt_id": ids, "sample_idx": [0, 1], "policy_id": ["x", "x"], "reward": [1.0, 0.0],
+                              "reward_config_hash": ["h", "h"], "rollouts_hash": ["h", "h"], "score_arithmetic_answer": [1.0, 0.0]}),
+                    tmp_path / path, rewards_schema(["arithmetic_answer"]), "rewards")
+    counts, read = selection_history(band, 3, tmp_path)  # round 3: rounds 1 and 2 of this experiment, every round of "old"
+    assert counts == {"a": (2, 3), "b": (1, 2), "c": (0, 1)}
+    assert read == {path: file_hash(tmp_path / path) for path in tables if "r03" not in path}
+    missing = band.model_copy(update={"rollouts": band.rollouts.model_copy(update={"selection": SelectionParams(kind="band", experiments=["nope"])})})
+    with pytest.raises(FileNotFoundError, match="'nope'"):
+        selection_history(missing, 2, tmp_path)
