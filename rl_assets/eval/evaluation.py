@@ -213,8 +213,9 @@ def evaluated(checkpoint: Path, params, data: Path, device: str, precision: str 
 
 def completions_table(completions: dict[str, pa.Table]) -> pa.Table:
     """The evaluation's completions of every mode in one table, with a `mode` column first (what `evaluated` stores)."""
+    # each mode's columns were typed from its own values (a list of calls all without an error is list<struct<error: null>>)
     return pa.concat_tables([table.add_column(0, "mode", pa.array([mode] * table.num_rows, pa.string()))
-                             for mode, table in completions.items()])
+                             for mode, table in completions.items()], promote_options="permissive")
 
 
 def stored_completions(path: Path) -> dict[str, pa.Table]:

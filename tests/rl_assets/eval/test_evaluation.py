@@ -148,3 +148,18 @@ def test_an_edited_reward_module_is_another_evaluation(tmp_path, monkeypatch):
     assert evaluation_key(params, tmp_path / "data") == before  # nothing changed: the result is reused
     (tmp_path / "my_rewards.py").write_text("def exact(completions, answer, **kwargs):\n    return [float(a in c) for c, a in zip(completions, answer)]\n")
     assert evaluation_key(params, tmp_path / "data") != before
+
+
+def test_stored_completions_of_modes_typed_apart_read_back_as_they_were(tmp_path):
+    """Greedy episodes without a failed tool call type `error` as null, sampled ones with one as string: both are kept."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from rl_assets.eval.evaluation import completions_table, stored_completions
+
+    greedy = pa.table({"completion": ["4"], "tool_calls": [[{"name": "calculator", "error": None}]], "image_ids": [[]]})
+    sampled = pa.table({"completion": ["4", "x"], "tool_calls": [[], [{"name": "calculator", "error": "bad"}]], "image_ids": [[], ["a"]]})
+    pq.write_table(completions_table({"greedy": greedy, "sampled": sampled}), tmp_path / "c.parquet")
+    back = stored_completions(tmp_path / "c.parquet")
+    assert list(back) == ["greedy", "sampled"]
+    assert back["greedy"].to_pylist() == greedy.to_pylist() and back["sampled"].to_pylist() == sampled.to_pylist()
