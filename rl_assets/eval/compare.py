@@ -4,7 +4,7 @@ Everything comes from what the runs stored, so it works as well on experiments m
 the params and code each output's lineage records (Parquet metadata of the tables, `lineage.json` of the
 checkpoints), the raw sources the prompts table names with their hashes, and the evaluation table, whose
 `correct_per_prompt` lists each held-out prompt's correct completions in the order of the held-out prompts (the
-prompts table's eval split, as the evaluation params recorded with it select them). Differences are paired over the
+first `n_prompts` rows of the prompts table's eval split). Differences are paired over the
 prompts both evaluated, so what the prompts share (an easy prompt is easy for both) cancels.
 """
 
@@ -63,9 +63,9 @@ def experiment_record(data: Path) -> dict:
             code.update(files)
     prompts = read_table(output_path("prompts", data), "prompts")
     sources = dict(sorted(set(zip(prompts["source"].to_pylist(), prompts["source_hash"].to_pylist()))))
-    recorded = table_lineage(evaluation_path).get("params", {}).get("evaluation", {})
-    held_out = eval_prompts(prompts, EvaluationParams(**recorded))
     rows = {(row["checkpoint"], row["mode"]): row for row in read_table(evaluation_path, "evaluation").to_pylist()}
+    # the evaluation took the eval split's first max_prompts rows: as many as its rows counted
+    held_out = eval_prompts(prompts, EvaluationParams(max_prompts=max(row["n_prompts"] for row in rows.values())))
     return {"data": data.as_posix(), "experiment": table_lineage(evaluation_path).get("experiment"), "params": params, "code": code,
             "sources": sources, "held_out": held_out.select(["prompt_id", "prompt", "answer"]).to_pylist(), "evaluation": rows}
 
