@@ -39,8 +39,7 @@ class _EmbeddingIntoGrad(torch.autograd.Function):
 
     Autograd's embedding backward builds a (V, D) gradient of its own, and with tied weights (SmolLM2, Qwen2.5,
     Llama 3.2) sums it with the LM head's out of place: three (V, D) tensors at the end of every backward, the
-    peak of a full fine-tuning step (on SmolLM2-135M 0.40 GB above weights, gradients and moments, 0.24 GB with
-    this; bench/train_memory.py). The sum is the same; only
+    peak of a full fine-tuning step (bench/train_memory.py measures what this saves). The sum is the same; only
     the order of additions in a row (index_add_ against the dense backward) can move a gradient by float rounding.
     The head's gradient still reaches AccumulateGrad after this one: it waits for every use of the weight.
     """

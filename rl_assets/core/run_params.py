@@ -45,8 +45,7 @@ class ComputeParams(Section):
     resident: bool = Field(True, description="One child process writes all the round outputs a run asks for, models kept loaded; false: one "
                                              "process per output (always so when nproc, nnodes or accelerate_config ask for several processes).")
     return_freed_memory: bool = Field(False, description="Give each freed tensor of 128 KiB or more back to the system at once (glibc's "
-                                      "mmap threshold, fixed): a lower peak memory for slower steps (docs/benchmarks.md: 0.72 GB less "
-                                      "and 33% slower on a SmolLM2-135M training round).")
+                                      "mmap threshold, fixed): a lower peak memory for slower steps (measured in docs/benchmarks.md).")
 
     @model_validator(mode="after")
     def _check_nodes(self):

@@ -44,8 +44,8 @@ def release_freed_memory() -> None:
     """Hand the memory a step freed back to the system before the next step allocates its own.
 
     glibc keeps freed heap memory for reuse, and across threads and sizes it often is not reused: in a
-    resident process the next step's peak then comes on top of the last one's leftovers (0.7 GB after a
-    135M-parameter round here). `malloc_trim` is glibc's documented call for it; elsewhere this does nothing.
+    resident process the next step's peak then comes on top of the last one's leftovers. `malloc_trim` is
+    glibc's documented call for it; elsewhere this does nothing.
     """
     import gc
 
