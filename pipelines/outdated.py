@@ -226,6 +226,23 @@ def _outdated(instance: DagsterInstance, specs: list[AssetSpec], data: Path, mod
         elif why := stale_reason(spec, dict(event.asset_materialization.tags or {}), current,
                                  functools.partial(what_changed, output_key(key.path), params, data) if params is not None else None):
             reasons[key] = why
+        elif output_key(key.path) == "raw_data" and (why := raw_sources_changed(data)):
+            reasons[key] = why
         elif missed := missed_guards(instance, key, event, passed_in):
             reasons[key] = f"its blocking check {missed[0]} did not pass on its latest materialization"
     return reasons
+
+
+def raw_sources_changed(data: Path) -> str | None:
+    """Why raw_data is stale: a raw source it read no longer has the hash its rows recorded (an edited JSONL, a generator's
+    module). None when every source matches; a missing or unreadable table is `_changed_on_disk`'s to report."""
+    from rl_assets.core.paths import output_path
+    from rl_assets.core.schemas import read_table
+    from rl_assets.eval.guards import sources_match_files
+
+    try:
+        table = read_table(output_path("raw_data", data), "raw_data")
+    except (FileNotFoundError, ValueError):
+        return None
+    passed, description, _ = sources_match_files(table, Path("."))
+    return None if passed else f"stale: raw sources {description}"

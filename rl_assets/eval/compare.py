@@ -114,7 +114,7 @@ def compare_experiments(first_data: Path, second_data: Path) -> dict:
 
 
 def compare_checkpoints(first: Path, second: Path, first_data: Path, second_data: Path) -> dict:
-    """Two checkpoints: the params and code of their lineage cards, and their held-out accuracy where both were
+    """Two checkpoints: the params and code files both lineage cards record, and their held-out accuracy where both were
     evaluated the same way (found in their experiments' evaluation tables by checkpoint id)."""
     cards = [read_lineage(first), read_lineage(second)]
     records = [experiment_record(first_data), experiment_record(second_data)]
@@ -127,6 +127,9 @@ def compare_checkpoints(first: Path, second: Path, first_data: Path, second_data
     narrowed = [{**record, "params": flatten(card.get("params") or {}),
                  "code": {k: v for files in (card.get("code") or {}).values() for k, v in files.items()}} for record, card in zip(records, cards)]
     report = compare_pair(*narrowed, [tuple(names)])
+    # r00's card records the warm start's params and code, a round's its training's: only what both record compares
+    for what in ("params", "code"):
+        report[what] = [(key, a, b) for key, a, b in report[what] if a is not None and b is not None]
     return {**report, "first_name": f"{names[0]} ({cards[0]['checkpoint_id'][:12]})", "second_name": f"{names[1]} ({cards[1]['checkpoint_id'][:12]})"}
 
 
