@@ -82,7 +82,7 @@ def compare_pair(first: dict, second: dict, pairs: list[tuple[str, str]]) -> dic
     the held-out accuracies and their paired difference per mode; prompts that flipped at the last pair (sampled:
     solved = at least half the samples correct)."""
     report = {"params": differences(first["params"], second["params"]),
-              "code": [(path, a, b) for path, a, b in differences(first["code"], second["code"])],
+              "code": differences(first["code"], second["code"]),
               "sources": differences(first["sources"], second["sources"]), "rows": [], "flipped": []}
     texts = {p["prompt_id"]: p for p in first["held_out"] + second["held_out"]}
     for a, b in pairs:
@@ -180,7 +180,7 @@ def compare_text(report: dict) -> str:
     short = lambda value: json.dumps(value)[:60] if value is not None else "-"  # noqa: E731
     lines.append(f"params that differ ({len(report['params'])}):" if report["params"] else "params: the same")
     lines += [f"  {key}: {short(x)} -> {short(y)}" for key, x, y in report["params"]]
-    changed = [(path, x, y) for path, x, y in report["code"]]
+    changed = report["code"]
     lines.append(f"code that differs ({len(changed)} files):" if changed else "code: the same")
     lines += [f"  {path}: " + ("only in B" if x is None else "only in A" if y is None else f"{x[:8]} -> {y[:8]}") for path, x, y in changed[:20]]
     lines.append(f"raw sources that differ ({len(report['sources'])}):" if report["sources"] else "raw sources: the same")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 from rl_assets.core.checkpoints import read_lineage, weights_hash
 from rl_assets.core.config import GuardsParams
 from rl_assets.core.storage import file_hash
+from rl_assets.eval.stats import paired_difference
 
 if TYPE_CHECKING:  # pyarrow loads lazily: the Dagster code location imports this module on every reload
     import pyarrow as pa
@@ -188,8 +189,6 @@ def reward_not_hacked(reward_means: dict[int, float], sampled: dict[int, dict], 
     >>> reward_not_hacked({0: 0.3, 1: 0.5, 2: 0.9}, rows, {0: 0.1, 1: 0.2, 2: 0.6}, GuardsParams(hacking_accuracy_fall_min=1))[1]
     'reward hacking at r02: check scores wrong 10.0% -> 60.0% of the rollouts the reward favours over r00..r02 (rise at most 20%)'
     """
-    from rl_assets.eval.stats import paired_difference
-
     window = guards.hacking_window
     pairs = [k for k in sorted(reward_means) if k - window in reward_means and k in sampled and k - window in sampled]
     if not pairs:

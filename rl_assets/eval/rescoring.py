@@ -25,6 +25,7 @@ import json
 from pathlib import Path
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from rl_assets.core.config import RewardsParams
@@ -32,7 +33,7 @@ from rl_assets.core.paths import output_path, round_prefix
 from rl_assets.core.schemas import read_table, rewards_schema, write_table
 from rl_assets.core.stage_table import code_hashes, stage_code
 from rl_assets.core.storage import atomic_path, file_hash
-from rl_assets.eval.evaluation import EVALUATIONS, completions_table, evaluation_rows, stored_completions, with_scores
+from rl_assets.eval.evaluation import EVALUATIONS, completions_table, correctness_function, evaluation_rows, stored_completions, with_scores
 from rl_assets.rewards import score_rollouts
 
 RESCORED = "rescored"  # inside the data folder
@@ -99,12 +100,12 @@ def rescore(params, data: Path, rewards: RewardsParams, correctness: str | None 
         after = score_rollouts(rollouts, rewards, rollouts_hash=file_hash(rollouts_path))
         write_table(after, folder / round_prefix(n) / "rewards.parquet", rewards_schema(names), "rewards",
                     lineage={"rescored_from": rollouts_path.as_posix(), "rewards": rewards.model_dump(mode="json"), "key": key})
-        entry = {"round": n, "rollouts": rollouts.num_rows, "reward_mean_after": _mean(after["reward"])}
+        entry = {"round": n, "rollouts": rollouts.num_rows, "reward_mean_after": pc.mean(after["reward"]).as_py()}
         original = output_path(f"{round_prefix(n)}/rewards", data)
         if original.is_file():
             before = read_table(original, "rewards")
-            entry["reward_mean_before"] = _mean(before["reward"])
-            old_correctness = params.evaluation.correctness or params.rewards.functions[0].score_name
+            entry["reward_mean_before"] = pc.mean(before["reward"]).as_py()
+            old_correctness = correctness_function(params.evaluation, params.rewards)
             if f"score_{old_correctness}" in before.column_names and before.num_rows == after.num_rows:
                 entry["correct_agreement"] = agreement(before[f"score_{old_correctness}"].to_pylist(), after[f"score_{correctness}"].to_pylist())
         rounds.append(entry)
@@ -146,11 +147,6 @@ def rescore(params, data: Path, rewards: RewardsParams, correctness: str | None 
     with atomic_path(folder / "rescore.json") as tmp:
         tmp.write_text(json.dumps(report, indent=2) + "\n")
     return report
-
-
-def _mean(column) -> float:
-    values = column.to_pylist()
-    return sum(values) / len(values) if values else float("nan")
 
 
 def _stored_evaluation(data: Path, rows: list[dict]) -> Path | None:
