@@ -4,8 +4,8 @@
     rl-assets materialize r01/rollouts            one asset (each DVC stage's command)
     rl-assets dvc-sync [--check]                  write (or check) dvc.yaml from the graph
     rl-assets status                              JSON health summary; exit 1 when the latest run failed
-    rl-assets push | pull                         to and from the remote (storage.remote; pipelines/remote.py)
-    rl-assets retire --keep N [--dry-run]         retention of round checkpoints (pipelines/retention.py)
+    rl-assets push | pull                         to and from the remote (storage.remote; pipelines/storage/remote.py)
+    rl-assets retire --keep N [--dry-run]         retention of round checkpoints (pipelines/storage/retention.py)
 
 and the library's commands that read, sample or serve the outputs without Dagster (rl_assets/cli.py):
 lineage, report, query, generate, rollback, track, serve, import-model. Dagster is imported only by the
@@ -36,7 +36,7 @@ def use_project_instance() -> None:
 
 
 def rl_pipeline_job():
-    from pipelines.definitions import defs
+    from pipelines.definitions.code_location import defs
 
     return defs().resolve_job_def("rl_pipeline")
 
@@ -44,15 +44,15 @@ def rl_pipeline_job():
 def execute(command: str, selection: list[str] | None, everything: bool = False) -> tuple[bool, list[str]]:
     """Execute the job, or a selection of its assets, on the project instance: (success, what a failed run reports).
 
-    `run` materializes only the assets that are not up to date (pipelines/outdated.py), every asset with
-    `everything`; `materialize` the keys it names. Either holds the project's writer lock (pipelines/writer.py).
+    `run` materializes only the assets that are not up to date (pipelines/records/outdated.py), every asset with
+    `everything`; `materialize` the keys it names. Either holds the project's writer lock (pipelines/records/writer.py).
     """
     from dagster import DagsterInstance, execute_job, reconstructable
 
-    from pipelines.dvc import record_journal
-    from pipelines.outdated import outdated_assets
-    from pipelines.params import asset_key, load_project_params, project_params, run_tags
-    from pipelines.writer import cli_tags, exclusive_writer
+    from pipelines.records.dvc import record_journal
+    from pipelines.records.outdated import outdated_assets
+    from pipelines.launch.params import asset_key, load_project_params, project_params, run_tags
+    from pipelines.records.writer import cli_tags, exclusive_writer
 
     params = load_project_params()
 
@@ -64,17 +64,17 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
                 f"({', '.join(recorded)})")
         keys = [asset_key(k) for k in selection] if selection else None  # output keys, e.g. r01/rollouts, of the params' experiment
         if command == "run" and not everything:
-            from pipelines.definitions import defs
+            from pipelines.definitions.code_location import defs
 
             specs = defs().resolve_all_asset_specs()
-            from pipelines.dvc_outputs import adopt_dvc_outputs
+            from pipelines.records.dvc_outputs import adopt_dvc_outputs
 
             adopt_dvc_outputs(instance, specs, params, data_dir(params.experiment), say)  # after a plain `dvc pull`
             reasons = outdated_assets(instance, specs, data_dir(params.experiment), models=Path(params.promotion.directory),
                                       run_state=params.train.carry_optimizer_state or params.train.checkpoint_dtype != "float32",
                                       params=params)
             if params.experiment == "default":  # retired checkpoints a step that runs reads: from the remote, or made again
-                from pipelines.retention import needed_again
+                from pipelines.storage.retention import needed_again
 
                 reasons = needed_again(reasons, specs, params, say)
             total = len(specs)
@@ -88,15 +88,15 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
                 if not why.endswith("runs first"):
                     say(f"  also {output_key(key.path)}: {why}")
             keys = list(reasons)
-        from pipelines.definitions import start_step_server
-        from pipelines.warm_child import warm_child_for
+        from pipelines.definitions.code_location import start_step_server
+        from pipelines.launch.warm_child import warm_child_for
 
         quiet = {"loggers": {"brief_console": {"config": {"log_level": "INFO"}}}}  # step-level events, not engine debug
         with warm_child_for(params, keys, say), _one_line_per_skip():  # the compute child imports torch while the run starts
             start_step_server(params)
             result = execute_job(reconstructable(rl_pipeline_job), instance=instance, asset_selection=keys, run_config=quiet,
                                  tags={**run_tags(project_params()), **cli_tags()})
-        if recorded := record_journal(log):  # what a run stopped before its compute step left (pipelines.steps.compute_step_follows)
+        if recorded := record_journal(log):  # what a run stopped before its compute step left (pipelines.launch.steps.compute_step_follows)
             say(f"dvc.lock: recorded {len(recorded)} stages the run wrote before it stopped ({', '.join(recorded)})")
         finish_storage(instance, params, command, say)
         if result.success:
@@ -112,8 +112,8 @@ def execute(command: str, selection: list[str] | None, everything: bool = False)
 def finish_storage(instance, params, command: str, say) -> None:
     """At a run's end, failed or not: push what the remote lacks (waiting), say what is not there, then retire
     (storage.keep_rounds). Under `dvc repro` DVC records each stage after its command: `dvc push` after it."""
-    from pipelines import remote
-    from pipelines.dvc import recording_enabled
+    from pipelines.storage import remote
+    from pipelines.records.dvc import recording_enabled
 
     if params.storage.push == "manual" or not recording_enabled():
         return
@@ -123,7 +123,7 @@ def finish_storage(instance, params, command: str, say) -> None:
         say(f"warning: storage: nothing pushed ({error}); `rl-assets push` tries again")
         return
     if command == "run" and params.storage.keep_rounds and params.experiment == "default":
-        from pipelines.retention import retire
+        from pipelines.storage.retention import retire
 
         retire(params, params.storage.keep_rounds, from_remote=params.storage.retire_from_remote, instance=instance, say=say)
 
@@ -148,7 +148,7 @@ def _one_line_per_skip():
 
 def _step_names() -> dict[str, str]:
     """Step key -> what a user calls it: the asset key(s) it materializes, or `checks of <asset>`."""
-    from pipelines.definitions import defs
+    from pipelines.definitions.code_location import defs
 
     names = {}
     for assets_def in defs().resolve_asset_graph().assets_defs:
@@ -292,7 +292,7 @@ def run_params(run: dict | None):
 
     Falls back to the project's params ($RL_ASSETS_PARAMS or params.yaml) for a run without those tags or before any run.
     """
-    from pipelines.params import load_project_params
+    from pipelines.launch.params import load_project_params
     from rl_assets.core.config import Params, ParamsError
     from rl_assets.core.params_file import load_params
 
@@ -312,7 +312,7 @@ def print_status() -> int:
 
     from rl_assets.run.status import project_status
 
-    from pipelines.params import load_project_params
+    from pipelines.launch.params import load_project_params
 
     # The experiment of the params in effect ($RL_ASSETS_PARAMS, else params.yaml's): the one `serve` and `generate` use
     experiment = load_project_params().experiment
@@ -329,7 +329,7 @@ def print_status() -> int:
             "shown_by": f"RL_ASSETS_PARAMS={newest['params_file'] or '<its params file>'} rl-assets status"}
     from dagster import DagsterInstance
 
-    from pipelines.outdated import changed_outputs
+    from pipelines.records.outdated import changed_outputs
 
     with DagsterInstance.get() as instance:  # outputs truncated, overwritten or deleted since they were recorded
         status["changed_outputs"] = changed_outputs(instance, params.rounds, params.experiment, data_dir(params.experiment),
@@ -338,7 +338,7 @@ def print_status() -> int:
         status["healthy"] = False  # a hung step, an output changed on disk, another experiment's outputs: whether or not a run was made
     if note:
         status["params_note"] = note
-    from pipelines.remote import last_push
+    from pipelines.storage.remote import last_push
 
     status["storage"] = last_push()  # the last push to the remote: where, when, what is not there
     print(json.dumps(status, indent=2, default=str))
@@ -346,11 +346,11 @@ def print_status() -> int:
 
 
 def storage_command(args, params) -> int:
-    """`rl-assets push`, `pull` and `retire` (pipelines/remote.py, pipelines/retention.py)."""
+    """`rl-assets push`, `pull` and `retire` (pipelines/storage/remote.py, pipelines/storage/retention.py)."""
     from dagster import DagsterInstance
 
-    from pipelines import remote
-    from pipelines.writer import AnotherWriter, exclusive_writer
+    from pipelines.storage import remote
+    from pipelines.records.writer import AnotherWriter, exclusive_writer
 
     say = functools.partial(print, file=sys.stderr)
     try:
@@ -362,7 +362,7 @@ def storage_command(args, params) -> int:
             with exclusive_writer(instance, args.command, log=say):
                 if args.command == "pull":
                     return 0 if remote.pull(instance, params, say)["dvc_pull_ok"] else 1
-                from pipelines.retention import retire
+                from pipelines.storage.retention import retire
 
                 if args.keep < 1:
                     say("error: --keep must be at least 1 (the next round trains from the last one)")
@@ -418,7 +418,7 @@ def main(argv=None) -> int:
 
     if getattr(args, "overrides", None):
         os.environ["RL_ASSETS_SET"] = ";".join(args.overrides)
-    from pipelines.params import load_project_params
+    from pipelines.launch.params import load_project_params
     from rl_assets.core.config import ParamsError
 
     if refused := refuse_params_under_dvc():
@@ -427,7 +427,7 @@ def main(argv=None) -> int:
     try:  # fail on a bad params file, user code that does not load, a missing data source or a model that misfits its tokenizer before a run starts
         params = load_project_params()
         if args.command in ("run", "materialize"):
-            from pipelines.params import project_params
+            from pipelines.launch.params import project_params
             from rl_assets.run.preflight import preflight
 
             preflight(params, project_params().path, getattr(args, "keys", None))
@@ -435,8 +435,8 @@ def main(argv=None) -> int:
         print(f"error: {error}", file=sys.stderr)
         return 2
     if args.command == "dvc-sync":
-        from pipelines.definitions import defs
-        from pipelines.dvc import dvc_yaml_text
+        from pipelines.definitions.code_location import defs
+        from pipelines.records.dvc import dvc_yaml_text
 
         text = dvc_yaml_text(defs().resolve_asset_graph())
         current = Path("dvc.yaml").read_text() if Path("dvc.yaml").is_file() else ""
@@ -449,7 +449,7 @@ def main(argv=None) -> int:
         print(f"wrote dvc.yaml ({text.count('cmd:')} stages)")
         import yaml
 
-        from pipelines.dvc import prune_lock
+        from pipelines.records.dvc import prune_lock
 
         if dropped := prune_lock(set(yaml.safe_load(text)["stages"])):
             print(f"dvc.lock: dropped {len(dropped)} stages dvc.yaml no longer has ({', '.join(dropped)})")
@@ -460,7 +460,7 @@ def main(argv=None) -> int:
         return print_status()
     if args.command in ("push", "pull", "retire"):
         return storage_command(args, params)
-    from pipelines.writer import AnotherWriter
+    from pipelines.records.writer import AnotherWriter
 
     started = time.perf_counter()
     try:

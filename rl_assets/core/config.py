@@ -16,6 +16,7 @@ from typing import Any, Literal
 
 from pydantic import Field, model_validator
 
+from rl_assets.core.algorithms import ALGORITHMS, algorithm
 from rl_assets.core.run_params import ComputeParams, PromotionParams, ScheduleParams, StorageParams, TrackingParams
 from rl_assets.core.sections import Section
 
@@ -308,11 +309,6 @@ class RFTParams(Section):
     batch_size: int = Field(32, ge=1, description="Examples per optimizer step (per process).")
 
 
-# Algorithms whose learning signal is a comparison within a prompt's group of completions, and what it is.
-GROUP_ALGORITHMS = {"grpo": "every advantage is a reward minus its group's mean", "rloo": "the baseline is the other samples' mean",
-                    "reinforce_pp": "the group mean is subtracted before whitening", "dpo": "pairs are a prompt's best and worst completions"}
-
-
 class PPOParams(Section):
     gamma: float = Field(1.0, ge=0, le=1, description="GAE's discount per policy token (1.0: the score at the end counts in full).")
     lam: float = Field(0.95, ge=0, le=1, description="GAE's lambda: 1.0 Monte-Carlo returns, 0.0 one-step TD on the value model.")
@@ -337,7 +333,7 @@ class PPOParams(Section):
 
 
 class TrainParams(Section):
-    algorithm: Literal["grpo", "rloo", "reinforce_pp", "ppo", "dpo", "rft"] = Field(
+    algorithm: Literal[tuple(ALGORITHMS)] = Field(
         "grpo", description="grpo/rloo/reinforce_pp: policy gradient on the stored table; ppo: the same with a value model (the rNN/critic "
                             "asset) and GAE; dpo: TRL DPOTrainer on best-vs-worst pairs; rft: TRL SFTTrainer on the top-k completions "
                             "(rejection-sampling fine-tuning).")
@@ -461,20 +457,20 @@ class Params(Section):
 
     @model_validator(mode="after")
     def _check_vision(self):
-        if self.model.vision is not None and self.train.algorithm == "ppo" and self.train.ppo.critic_init == "reward_model":
+        if self.model.vision is not None and algorithm(self.train.algorithm).value_model and self.train.ppo.critic_init == "reward_model":
             raise ValueError("train.ppo.critic_init: reward_model reads text only, and the policy reads images (model.vision); "
                              "use critic_init: policy")
         return self
 
     @model_validator(mode="after")
     def _check_critic(self):
-        if self.train.algorithm == "ppo" and self.train.ppo.critic_init == "reward_model" and self.reward_model is None:
+        if algorithm(self.train.algorithm).value_model and self.train.ppo.critic_init == "reward_model" and self.reward_model is None:
             raise ValueError("train.ppo.critic_init: 'reward_model' starts the value model from the reward_model asset, and params have "
                              "no reward_model section; add one or set critic_init: policy")
-        if self.train.algorithm == "ppo" and self.train.drop_equal_reward_groups:
+        if algorithm(self.train.algorithm).value_model and self.train.drop_equal_reward_groups:
             raise ValueError("train.drop_equal_reward_groups leaves out groups whose rewards are equal, and ppo's value model makes "
                              "advantages from every row (a group of one is always 'equal'); set it to false with algorithm ppo")
-        if self.train.algorithm == "ppo" and self.train.ppo.critic_warmup_rounds >= self.rounds:
+        if algorithm(self.train.algorithm).value_model and self.train.ppo.critic_warmup_rounds >= self.rounds:
             raise ValueError(f"train.ppo.critic_warmup_rounds: {self.train.ppo.critic_warmup_rounds} of rounds={self.rounds} would leave "
                              "the policy untrained; warm-up rounds must be fewer than rounds")
         return self
@@ -488,17 +484,17 @@ class Params(Section):
                              "whose memory LoRA already cuts")
         if self.train.mixed_precision == "fp16":
             raise ValueError("compute.sharding fsdp with train.mixed_precision fp16: the sharded step has no loss scaler; use bf16")
-        if self.train.algorithm in ("dpo", "rft"):
+        if algorithm(self.train.algorithm).trainer != "policy_gradient":
             raise ValueError(f"compute.sharding fsdp shards the policy-gradient step; train.algorithm {self.train.algorithm!r} trains "
                              "with TRL's trainer: give it an Accelerate FSDP config (compute.accelerate_config) instead")
         return self
 
     @model_validator(mode="after")
     def _check_groups(self):
-        if self.rollouts.samples_per_prompt < 2 and self.train.algorithm in GROUP_ALGORITHMS:
+        if self.rollouts.samples_per_prompt < 2 and (group := algorithm(self.train.algorithm).group):
             raise ValueError(f"rollouts.samples_per_prompt: {self.rollouts.samples_per_prompt} gives each prompt a group of one, and "
                              f"train.algorithm {self.train.algorithm!r} learns by comparing a prompt's completions with each other "
-                             f"({GROUP_ALGORITHMS[self.train.algorithm]}): nothing would be learned. Set samples_per_prompt to 2 or more "
+                             f"({group}): nothing would be learned. Set samples_per_prompt to 2 or more "
                              "(4-16 is usual), or use algorithm 'rft', which keeps single completions by their reward")
         return self
 

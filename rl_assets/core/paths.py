@@ -51,9 +51,22 @@ def output_path(key: str, data: Path) -> Path:
     >>> output_path("r01/rollouts", DATA), output_path("r01/checkpoint", Path("data/experiments/x")), output_path("r02/critic", DATA)
     (PosixPath('data/r01/rollouts.parquet'), PosixPath('data/experiments/x/r01/checkpoint'), PosixPath('data/r02/critic'))
     """
-    if key.endswith(("checkpoint", "critic")) or key == "reward_model":  # model folders
-        return data / key
-    return data / f"{key}.parquet"
+    return data / key if STAGE_TABLE[writer_of(key)].kind == "model" else data / f"{key}.parquet"
+
+
+WRITERS = {key: name for name, stage in STAGE_TABLE.items() for key in stage.outputs}  # output key (rNN/... in rounds) -> stage
+
+
+def writer_of(key: str) -> str:
+    """The stage that writes output `key`.
+
+    >>> writer_of("r00/checkpoint"), writer_of("r03/checkpoint"), writer_of("prompts")
+    ('sft', 'train', 'prompts')
+    """
+    found = WRITERS.get(key) or WRITERS.get(re.sub(r"^r\d\d/", "rNN/", key))
+    if found is None:
+        raise ValueError(f"no stage writes {key!r}; outputs: {sorted(WRITERS)}")
+    return found
 
 
 def asset_key_path(key: str, experiment: str) -> list[str]:

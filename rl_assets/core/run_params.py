@@ -25,7 +25,7 @@ class SlurmParams(Section):
     poll_seconds: float = Field(0.5, gt=0, description="How often the step asks Slurm for its job's state (scontrol show job).")
     heartbeat_seconds: float = Field(10.0, gt=0, description="How often the step tells its job it still runs (a file in shared_dir): "
                                                              "a job whose step process was killed cancels itself after a few missed beats "
-                                                             "(pipelines/slurm_job.py's MISSED_BEATS).")
+                                                             "(pipelines/launch/slurm_job.py's MISSED_BEATS).")
 
 
 class ComputeParams(Section):

@@ -32,19 +32,21 @@ PROJECT = Path(__file__).resolve().parents[2]
 class Stage:
     """One stage: the function that writes its outputs, and what shapes them."""
 
-    runner: str  # file:function
+    runner: str  # file:function; a compute stage's is (params, round_number, root, device, loaded) -> (metadata, path written)
     outputs: tuple[str, ...]  # asset keys; rNN/<name> in every round 1..R
     params: tuple[str, ...]  # params sections or dotted keys
     code: tuple[str, ...]  # files under rl_assets/, or folders (every .py file in them)
     compute: bool = True  # runs in a compute step (raw_data and prompts run in the Dagster asset body)
     distributed: bool = False  # may run in several processes under torchrun
     uses_rewards: bool = False  # calls the configured reward functions: their modules are its code too
+    kind: str = "table"  # what each output is: a Parquet "table", or a "model" folder (save_pretrained and its lineage card)
+    heldout: bool = False  # a policy checkpoint: evaluated on the held-out prompts by the step that writes it
 
 
-_CONFIG = ("core/config.py", "core/params_file.py", "core/run_params.py", "core/sections.py")  # params.yaml: every stage reads it
+_CONFIG = ("core/algorithms.py", "core/config.py", "core/params_file.py", "core/run_params.py", "core/sections.py")  # params.yaml: every stage reads it
 # What every compute step runs through: the stage functions, the loaded models, the shared core and the UI text.
 _RUNNER = ("run/stages.py", "run/loaded.py", *_CONFIG, "core/schemas.py", "core/storage.py", "core/paths.py",
-           "core/checkpoints.py", "core/precision.py", "core/stage_table.py", "eval/reports.py")
+           "core/checkpoints.py", "core/precision.py", "core/stage_table.py", "core/graph.py", "eval/reports.py")
 _POLICY = ("core/policy.py", "core/tokenizer.py", "core/import_model.py", "core/verify.py", "core/vision.py", "data/prompts.py",
            "data/images.py", "data/raw_files.py")  # a VLM's images are read where they were stored (images.py names bad rows with raw_files')
 _EPISODES = ("rollout/environments.py", "rollout/episodes.py", "rollout/generation.py", "rollout/tools.py", "core/sandbox.py", "core/user_code.py")
@@ -59,31 +61,38 @@ STAGE_TABLE = {
                       "data/prompts.py", "data/raw_files.py"), compute=False),
     # with sft.demonstration the rollouts' tools or environment answer the demonstrations
     "sft": Stage("run/stages.py:run_sft", ("r00/checkpoint",), ("seed", "model", "sft", *EPISODE_KEYS[:3]),
-                 (*_RUNNER, *_POLICY, *_EPISODES, "train/sft.py", "eval/promotion.py", "eval/guards.py", "eval/stats.py"), distributed=True),
+                 (*_RUNNER, *_POLICY, *_EPISODES, "train/sft.py", "eval/promotion.py", "eval/guards.py", "eval/stats.py"), distributed=True, kind="model", heldout=True),
     "rollouts": Stage("run/stages.py:run_rollouts", ("rNN/rollouts",), ("seed", "rollouts"),
                       (*_RUNNER, *_POLICY, *_EPISODES, "core/logprobs.py", "rollout/")),
     "rewards": Stage("run/stages.py:run_rewards", ("rNN/rewards",), ("rewards",),
                      (*_RUNNER, "core/sandbox.py", "core/user_code.py", "rewards/"), uses_rewards=True),
     "train": Stage("run/stages.py:run_train", ("rNN/checkpoint",), ("seed", "train", "guards.kl_rows"),
                    (*_RUNNER, *_POLICY, "core/logprobs.py", "train/policy_gradient.py", "train/advantages.py", "train/losses.py",
-                    "train/train_state.py", "train/preference.py", "train/sft.py", "train/critic.py"), distributed=True),
+                    "train/train_state.py", "train/preference.py", "train/sft.py", "train/critic.py"), distributed=True, kind="model", heldout=True),
     # ppo only: the value model, fitted to the round's returns. After train in a round: both read the parent's estimates,
     # which a resident process then holds for the policy's advantages before this stage trains them in place
     "critic": Stage("run/stages.py:run_critic", ("rNN/critic",), ("seed", "train"),
                     (*_RUNNER, *_POLICY, "core/logprobs.py", "train/critic.py", "train/policy_gradient.py", "train/advantages.py",
-                     "train/losses.py", "train/train_state.py"), distributed=True),
+                     "train/losses.py", "train/train_state.py"), distributed=True, kind="model"),
     "evaluation": Stage("run/stages.py:run_evaluation", ("evaluation",), ("seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS),
                         (*_RUNNER, *_POLICY, *_EPISODES, "eval/evaluation.py", "eval/curves.py", "eval/guards.py", "eval/output_guards.py",
                          "eval/stats.py", "rewards/"), uses_rewards=True),
-    "reward_model": Stage("train/reward_model.py:train_reward_model", ("reward_model",), ("seed", "reward_model"),
-                          (*_CONFIG, "core/schemas.py", "core/storage.py", "core/checkpoints.py", "core/precision.py", *_POLICY,
-                           "core/sandbox.py", "core/user_code.py", "rewards/", "train/reward_model.py", "train/sft.py")),
+    "reward_model": Stage("train/reward_model.py:run_reward_model", ("reward_model",), ("seed", "reward_model"),
+                          (*_CONFIG, "core/schemas.py", "core/storage.py", "core/checkpoints.py", "core/precision.py", "core/paths.py",
+                           "core/stage_table.py", *_POLICY, "core/sandbox.py", "core/user_code.py", "rewards/", "train/reward_model.py",
+                           "train/sft.py"), kind="model"),
     # Not a DVC stage: what it writes depends on the models promoted before (a decision with a history).
     "promote": Stage("eval/promotion.py:run_promotion", ("promoted_model",), ("promotion",),
-                     (*_RUNNER, *_POLICY, *_EPISODES, "eval/", "rewards/", "data/")),
+                     (*_RUNNER, *_POLICY, *_EPISODES, "eval/", "rewards/", "data/"), kind="model"),
 }
 COMPUTE_STAGES = tuple(name for name, stage in STAGE_TABLE.items() if stage.compute)
 ROUND_STAGES = tuple(name for name, stage in STAGE_TABLE.items() if any(key.startswith("rNN/") for key in stage.outputs))
+
+
+def runner(stage: str):
+    """The function that writes a compute stage's outputs, imported from its `file:function` in the table."""
+    location, _, name = STAGE_TABLE[stage].runner.partition(":")
+    return getattr(importlib.import_module(f"{PACKAGE}." + location.removesuffix(".py").replace("/", ".")), name)
 
 
 def stage_params(stage: str, params) -> list[str]:
@@ -102,7 +111,7 @@ def project_code(stage: str) -> list[str]:
     has them (`rl_assets/...`, what DVC lists and hashes), or absolute when the package is installed elsewhere.
 
     >>> project_code("prompts")
-    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/config.py', 'rl_assets/core/params_file.py', 'rl_assets/core/run_params.py', 'rl_assets/core/schemas.py', 'rl_assets/core/sections.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/core/vision.py', 'rl_assets/data/__init__.py', 'rl_assets/data/images.py', 'rl_assets/data/prompts.py', 'rl_assets/data/raw_files.py']
+    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/algorithms.py', 'rl_assets/core/config.py', 'rl_assets/core/params_file.py', 'rl_assets/core/run_params.py', 'rl_assets/core/schemas.py', 'rl_assets/core/sections.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/core/vision.py', 'rl_assets/data/__init__.py', 'rl_assets/data/images.py', 'rl_assets/data/prompts.py', 'rl_assets/data/raw_files.py']
     """
     files = _expanded(STAGE_TABLE[stage].code)
     if (Path.cwd() / PACKAGE).is_dir():  # the project's own copy of the code (a run's cwd is its root)

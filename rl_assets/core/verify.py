@@ -45,7 +45,7 @@ def changed(path: Path, recorded: str, root: Path = Path(".")) -> str | None:
     if not path.exists():
         return f"{path} is missing"
     if path.is_dir():
-        if (note := read_retired(path)) is not None:  # a run that needs it restores it first (pipelines/retention.py)
+        if (note := read_retired(path)) is not None:  # a run that needs it restores it first (pipelines/storage/retention.py)
             return f"{path} was {retired_words(note)}"
         card = path / LINEAGE_FILE
         if not card.is_file():

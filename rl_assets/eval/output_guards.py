@@ -1,7 +1,7 @@
 """Which guards each output has, and their verdict on it: the table behind every asset check.
 
 Dagster-free, so the compute child that writes an output evaluates its guards right after writing
-it and stops there when a blocking one fails (nothing after it is written); `pipelines.checks`
+it and stops there when a blocking one fails (nothing after it is written); `pipelines.launch.checks`
 turns the same table into Dagster check specs and results.
 """
 
@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Callable
 
 from rl_assets.eval import guards
+from rl_assets.core.algorithms import algorithm
 from rl_assets.core.config import Params
 from rl_assets.core.paths import checkpoint_key, data_dir, output_path, round_prefix
 
@@ -116,7 +117,7 @@ def _rewards(n: int):
         "schema": lambda: guards.table_schema(_out(key, p), "rewards"),
         "lineage": lambda: guards.rewards_lineage(_read(_out(key, p), "rewards"), _out(f"{round_prefix(n)}/rollouts", p)),
         "reward_signal": lambda: guards.rewards_have_signal(_read(_out(key, p), "rewards"), _truncated_share(_out(f"{round_prefix(n)}/rollouts", p)),
-                                                            p.rollouts.max_new_tokens, by_group=p.train.algorithm != "ppo"),
+                                                            p.rollouts.max_new_tokens, by_group=not algorithm(p.train.algorithm).value_model),
         "reward_not_regressed": lambda: guards.reward_not_regressed(_mean_reward(_out(key, p)), _mean_reward(_out(previous, p)) if n > 1 else None,
                                                                     p.guards.reward_drop_max)}
 

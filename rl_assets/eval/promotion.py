@@ -177,7 +177,7 @@ def promote(source: Path, card: dict, models: Path) -> None:
 
 def restore_promoted(models: Path) -> str | None:
     """Make promoted/ the version history.jsonl says is current, when it is not (a project pulled from a remote holds the
-    versions and the history: pipelines/remote.py); the id restored, else None."""
+    versions and the history: pipelines/storage/remote.py); the id restored, else None."""
     if not (models / HISTORY).is_file():
         return None
     with _locked(models):
@@ -259,7 +259,7 @@ def card_markdown(card: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
-def run_promotion(params: Params, root: Path, device: str) -> tuple[dict, Path]:
+def run_promotion(params: Params, round_number: int | None, root: Path, device: str, loaded=None) -> tuple[dict, Path]:
     """The promoted_model step: rank, compare with the current promoted model, promote or keep it."""
     from rl_assets.eval.evaluation import evaluation_key
     from rl_assets.core.schemas import read_table

@@ -19,12 +19,14 @@ import torch
 import torch.distributed as dist
 
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage, save_checkpoint, save_master_weights
+from rl_assets.core.algorithms import algorithm
 from rl_assets.core.config import Params
+from rl_assets.core.graph import critic_parent
 from rl_assets.core.paths import EVALUATION_METRICS, EVALUATION_PLOT, IMAGES, checkpoint_key, data_dir, output_path, round_prefix, train_state_dir
 from rl_assets.core.precision import compute_autocast, resolve_mixed_precision, weights_dtype
 from rl_assets.eval.reports import accuracy_plot, episodes_markdown, gain_text, markdown_table
 from rl_assets.core.schemas import EVALUATION, ROLLOUTS, read_table, table_lineage, write_table
-from rl_assets.core.stage_table import COMPUTE_STAGES, ROUND_STAGES, stage_lineage
+from rl_assets.core.stage_table import COMPUTE_STAGES, ROUND_STAGES, STAGE_TABLE, runner, stage_lineage
 from rl_assets.core.storage import file_hash
 
 if TYPE_CHECKING:  # loaded.py is declared code of every compute stage (rl_assets.core.stage_table)
@@ -32,7 +34,7 @@ if TYPE_CHECKING:  # loaded.py is declared code of every compute stage (rl_asset
 
 
 
-def run_sft(params: Params, root: Path, device: str) -> dict:
+def run_sft(params: Params, round_number: int | None, root: Path, device: str, loaded: Loaded) -> tuple[dict, Path]:
     """r00/checkpoint: build or load the base model, warm-start it with SFT when enabled, save it."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_base_model, load_policy
@@ -74,7 +76,7 @@ def run_sft(params: Params, root: Path, device: str) -> dict:
     if dist.is_initialized() and dist.get_rank() != 0:
         return {}
     save_checkpoint(model, tokenizer, path, lineage, processor=saved_processor(promoted or params.model.name_or_path))
-    return {"parameters": lineage["num_parameters"], **{k: v for k, v in metrics.items() if v is not None}}
+    return {"parameters": lineage["num_parameters"], **{k: v for k, v in metrics.items() if v is not None}}, output_path(checkpoint_key(0), data)
 
 
 def precision(params: Params, device: str) -> str:
@@ -103,7 +105,7 @@ def selection_history(params: Params, round_number: int, root: Path) -> tuple[di
     return counts, {path.relative_to(root).as_posix() if path.is_relative_to(root) else path.as_posix(): file_hash(path) for path in paths}
 
 
-def run_rollouts(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
+def run_rollouts(params: Params, round_number: int | None, root: Path, device: str, loaded: Loaded) -> tuple[dict, Path]:
     """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.vision import folder_is_vision_model, is_vision_model, load_processor
@@ -155,10 +157,10 @@ def run_rollouts(params: Params, round_number: int, root: Path, device: str, loa
                         tool_calls=len(made), tool_error_share=sum(c["error"] is not None for c in made) / len(made) if made else 0.0,
                         policy_token_share=sum(map(sum, table["completion_mask"].to_pylist())) / max(sum(lengths), 1),
                         episodes={"type": "md", "raw_value": episodes_markdown(table.to_pylist())})
-    return metadata
+    return metadata, output_path(f"{round_prefix(round_number)}/rollouts", data)
 
 
-def run_rewards(params: Params, round_number: int, root: Path) -> dict:
+def run_rewards(params: Params, round_number: int | None, root: Path, device: str, loaded: Loaded) -> tuple[dict, Path]:
     """rNN/rewards: every rollout of the round scored by the configured reward functions (rescoring never resamples)."""
     data = data_dir(params.experiment, root)
     from rl_assets.rewards import score_rollouts, summarize_rewards
@@ -167,7 +169,7 @@ def run_rewards(params: Params, round_number: int, root: Path) -> dict:
     table = score_rollouts(read_table(source, "rollouts"), params.rewards, file_hash(source))
     path = write_table(table, output_path(f"{round_prefix(round_number)}/rewards", data), table.schema, "rewards",  # keeps each score's weight
                        lineage=stage_lineage("rewards", params))
-    return {"path": str(path), **summarize_rewards(table, params.rollouts.samples_per_prompt)}
+    return {"path": str(path), **summarize_rewards(table, params.rollouts.samples_per_prompt)}, path
 
 
 def round_images(config, tokenizer, saved_processor, table: pa.Table, data: Path) -> tuple[list[list] | None, object, list | None]:
@@ -185,7 +187,7 @@ def round_images(config, tokenizer, saved_processor, table: pa.Table, data: Path
     return images, processor, pixel_inputs(processor, images)
 
 
-def run_train(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
+def run_train(params: Params, round_number: int | None, root: Path, device: str, loaded: Loaded) -> tuple[dict, Path]:
     """rNN/checkpoint: the configured algorithm on the round's stored rollouts and rewards, starting from rNN-1."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.policy import load_trainable_policy
@@ -210,10 +212,11 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     ref_model = optimizer_state = None
     kept_processor = saved_processor(parent)  # a hub VLM's, passed on to the checkpoint
     images, processor, vision = round_images(model.config, tokenizer, kept_processor, rollouts, data)
-    if train.algorithm in ("dpo", "rft"):
+    trainer = algorithm(train.algorithm)
+    if trainer.trainer != "policy_gradient":
         from rl_assets.train.preference import train_dpo, train_rft
 
-        run = train_dpo if train.algorithm == "dpo" else train_rft
+        run = {"dpo": train_dpo, "rft": train_rft}[trainer.trainer]
         model, metrics = run(model, tokenizer, rollouts, rewards, train, seed=seed, use_cpu=not device.startswith("cuda"), images=images,
                              processor=processor)
         history = metrics.pop("history")
@@ -221,7 +224,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
         from rl_assets.train.policy_gradient import loss_beta, table_group_size, train_on_rollouts
 
         token_advantages = None
-        if train.algorithm == "ppo":  # GAE's advantages from the parent value model (the critic stage trains the next one)
+        if trainer.value_model:  # GAE's advantages from the parent value model (the critic stage trains the next one)
             targets, critic, critic_path, _ = ppo_round_targets(params, round_number, data, device, loaded, rollouts, rewards, tokenizer.pad_token_id,
                                                                 vision=vision)
             token_advantages, trained_on["critic"] = targets.advantages, checkpoint_id(critic_path)
@@ -230,7 +233,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed,
                             sharding=params.compute.sharding)
         carried = parent_moments(parent, data, device) if train.carry_optimizer_state else None
-        if train.algorithm == "ppo" and round_number <= train.ppo.critic_warmup_rounds:  # only the value model learns this round
+        if trainer.value_model and round_number <= train.ppo.critic_warmup_rounds:  # only the value model learns this round
             from rl_assets.train.policy_gradient import join_rewards
 
             scores = join_rewards(rollouts, rewards)  # the round's reward curve goes on through the warm-up
@@ -276,7 +279,7 @@ def run_train(params: Params, round_number: int, root: Path, device: str, loaded
     if keep:
         loaded.keep_policy(model, tokenizer, saved_id, device, dtype, compact=compact is not None)
     shutil.rmtree(train_state_dir(round_number, data), ignore_errors=True)  # the round is done; its resume points are not needed
-    return metrics
+    return metrics, output_path(checkpoint_key(round_number), data)
 
 
 def _compact_dtype(train, model) -> torch.dtype | None:
@@ -288,20 +291,18 @@ def _compact_dtype(train, model) -> torch.dtype | None:
     return wanted if any(p.dtype != wanted for p in model.parameters() if p.is_floating_point()) else None
 
 
-def critic_parent(params: Params, round_number: int, data: Path) -> tuple[Path, str | None]:
-    """(folder, how to start from it) of the value model that round `round_number`'s PPO outputs read: rNN-1/critic as
-    saved, or in round 1 r00's body with a zero head, or the reward model (train.ppo.critic_init)."""
-    if round_number > 1:
-        return output_path(f"{round_prefix(round_number - 1)}/critic", data), None
-    if params.train.ppo.critic_init == "reward_model":
-        return output_path("reward_model", data), "reward_model"
-    return output_path(checkpoint_key(0), data), "policy"
+def critic_parent_folder(params: Params, round_number: int, data: Path) -> tuple[Path, str | None]:
+    """(folder, how to start from it) of the value model that round `round_number`'s PPO outputs read (graph.critic_parent): a
+    critic as saved, r00's body with a zero head ("policy"), or the reward model, head included ("reward_model")."""
+    key = critic_parent(params, round_number)
+    start = None if key.endswith("/critic") else "policy" if key == checkpoint_key(0) else "reward_model"
+    return output_path(key, data), start
 
 
 def ppo_round_targets(params: Params, round_number: int, data: Path, device: str, loaded: Loaded, rollouts: pa.Table, rewards: pa.Table,
                       pad_id: int, take: bool = False, vision: list | None = None):
     """(targets, parent critic, its folder, how it starts): the parent value model's view of the round's table, as both PPO
-    outputs read it (how it starts: `critic_parent`'s, None from a saved value model).
+    outputs read it (how it starts: `critic_parent_folder`'s, None from a saved value model).
 
     `take`: the critic stage trains the parent in place (the train stage, which runs first in a round, only reads it).
     `vision`: each row's pixel inputs (a vision-language policy; its value model reads them too).
@@ -309,7 +310,7 @@ def ppo_round_targets(params: Params, round_number: int, data: Path, device: str
     from rl_assets.train.critic import ppo_targets
     from rl_assets.train.policy_gradient import join_rewards, kept_rows, policy_masks
 
-    path, start = critic_parent(params, round_number, data)
+    path, start = critic_parent_folder(params, round_number, data)
     if vision is not None and start == "reward_model":
         raise ValueError("train.ppo.critic_init: reward_model reads text only, and the policy reads images; use critic_init: policy")
     if not path.is_dir():
@@ -326,7 +327,7 @@ def ppo_round_targets(params: Params, round_number: int, data: Path, device: str
     return targets, critic, path, start
 
 
-def run_critic(params: Params, round_number: int, root: Path, device: str, loaded: Loaded) -> dict:
+def run_critic(params: Params, round_number: int | None, root: Path, device: str, loaded: Loaded) -> tuple[dict, Path]:
     """rNN/critic: the value model of PPO, its parent fitted to this round's returns (rl_assets.train.critic)."""
     from transformers import AutoConfig, AutoTokenizer
 
@@ -362,7 +363,7 @@ def run_critic(params: Params, round_number: int, root: Path, device: str, loade
     if not (dist.is_initialized() and dist.get_world_size() > 1):  # under torchrun rank 0's copy would be the only one kept
         loaded.keep_critic(critic, saved_id, device)
     shutil.rmtree(train_state_dir(round_number, data, "critic"), ignore_errors=True)  # saved: its resume points are not needed
-    return metrics
+    return metrics, output_path(f"{prefix}/critic", data)
 
 
 def parent_moments(parent: Path, data: Path, device: str) -> dict | None:
@@ -408,7 +409,7 @@ def with_heldout(metadata: dict, checkpoint: Path, params: Params, root: Path, d
     return {**metadata, **heldout_metadata(rows), "heldout_seconds": 0.0 if reused else round(time.perf_counter() - started, 2)}
 
 
-def run_evaluation(params: Params, root: Path, device: str) -> dict:
+def run_evaluation(params: Params, round_number: int | None, root: Path, device: str, loaded: Loaded) -> tuple[dict, Path]:
     """evaluation: every checkpoint r00..rR on the held-out prompts, greedy and sampled."""
     data = data_dir(params.experiment, root)
     from rl_assets.eval.evaluation import evaluated
@@ -448,7 +449,7 @@ def run_evaluation(params: Params, root: Path, device: str) -> dict:
                                                                      "completions"], accuracy_rows)},
         "plot": {"type": "md", "raw_value": f"![accuracy and reward per round](data:image/png;base64,{plot})"},
         "examples": {"type": "md", "raw_value": markdown_table(["checkpoint", "mode", "prompt", "completion", "answer"], examples)},
-    }
+    }, output_path("evaluation", data)
 
 
 def run_stage(stage: str, params: Params, round_number: int | None, root: Path, loaded: Loaded | None = None) -> tuple[dict, Path]:
@@ -480,31 +481,11 @@ def _run_stage(stage: str, params: Params, round_number: int | None, root: Path,
     if stage in ROUND_STAGES and (round_number is None or not 1 <= round_number <= params.rounds):
         raise ValueError(f"{stage} needs --round between 1 and rounds={params.rounds}")
     torch.manual_seed(params.seed * 1000 + (round_number or 0))  # e.g. fresh LoRA adapters: the same whatever ran before
-    device, data = step_device(params), data_dir(params.experiment, root)
-    if stage == "sft":
-        path = output_path(checkpoint_key(0), data)
-        return with_heldout(run_sft(params, root, device), path, params, root, device, loaded), path
-    if stage == "rollouts":
-        return run_rollouts(params, round_number, root, device, loaded), output_path(f"{round_prefix(round_number)}/rollouts", data)
-    if stage == "rewards":
-        return run_rewards(params, round_number, root), output_path(f"{round_prefix(round_number)}/rewards", data)
-    if stage == "critic":
-        return run_critic(params, round_number, root, device, loaded), output_path(f"{round_prefix(round_number)}/critic", data)
-    if stage == "train":
-        path = output_path(checkpoint_key(round_number), data)
-        return with_heldout(run_train(params, round_number, root, device, loaded), path, params, root, device, loaded), path
-    if stage == "evaluation":
-        return run_evaluation(params, root, device), output_path("evaluation", data)
-    if stage == "reward_model":
-        from rl_assets.train.reward_model import train_reward_model
-
-        if params.reward_model is None:
-            raise ValueError("the reward_model stage needs a reward_model section in params")
-        path = output_path("reward_model", data)
-        return train_reward_model(params.reward_model, params.seed, path, use_cpu=not device.startswith("cuda")), path
-    from rl_assets.eval.promotion import run_promotion
-
-    return run_promotion(params, root, device)
+    device = step_device(params)
+    metadata, path = runner(stage)(params, round_number, root, device, loaded)
+    if STAGE_TABLE[stage].heldout:
+        metadata = with_heldout(metadata, path, params, root, device, loaded)
+    return metadata, path
 
 
 def step_device(params: Params) -> str:

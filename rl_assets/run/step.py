@@ -5,13 +5,14 @@
     torchrun --nproc_per_node=2 -m rl_assets.run.step train --round 1
 
 A stage name runs that step (rl_assets.run.stages); asset keys run those outputs in one resident
-process (rl_assets.run.resident) and stop at a failed blocking guard. Dagster launches the same code
-through `pipelines.pipes_child`, where rank 0 reports each output as a materialization.
+process (rl_assets.run.resident) and stop at a failed blocking guard. Dagster launches the same loop (`run`)
+through `pipelines.launch.pipes_child`, whose reporter sends each output to Dagster as a materialization.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import sys
@@ -62,31 +63,57 @@ def stage_key(stage: str, round_number: int | None) -> str:
     return key.replace("rNN", round_prefix(round_number)) if round_number is not None else key
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one step, or several outputs resident; rank 0 prints each output path and its scalar metadata."""
-    from rl_assets.run.preflight import check_user_code
-    from rl_assets.run.process import as_on_rank_0, exit_with_launcher, quiet_step, reporting_rank, start_distributed, stop_distributed
+def printed(params: Params):
+    """The reporter of a step run by hand: each output's path and scalar metadata as JSON on stdout."""
 
-    exit_with_launcher()  # under torchrun: a rank whose agent was killed stops too
+    @contextlib.contextmanager
+    def session():
+        yield lambda output: print(json.dumps({"output": str(output.path), "key": output.key, **{
+            k: v for k, v in output.metadata.items() if not isinstance(v, dict)}}, indent=2, default=str), flush=True)
+
+    return session()
+
+
+def run(args: argparse.Namespace, params: Params, reporter=printed, launched: bool = False) -> int:
+    """Write the outputs asked for and hand each, as rank 0 wrote it, to `reporter`'s session on the reporting rank.
+
+    The one loop of every compute child: by hand (`printed`), or under Dagster (`pipelines.launch.pipes_child`, whose
+    reporter opens a Pipes session). `reporter(params)` is a context manager yielding `report(output)`. `launched`: an
+    orchestrator started this process (then its lowest rank reports: rl_assets.run.process.reporting_rank).
+    """
+    from rl_assets.eval.output_guards import evaluate_guards
+    from rl_assets.run.process import as_on_rank_0, quiet_step, reporting_rank, start_distributed, stop_distributed
     from rl_assets.run.resident import Output, write_outputs
     from rl_assets.run.stages import run_stage
 
-    args, params = parse_args(argv)
-    check_user_code(params, args.params)  # the preflight of a run; under Dagster `rl-assets run` took it before the step
     quiet_step()
     rank = start_distributed(params)
-    # The same collectives as pipes_child's, so another machine of a Dagster step may run this: Dagster's process reports.
-    printing = rank == reporting_rank(launched=False)
-    if args.stage is not None:  # as an Output, as write_outputs gives them: what another machine's pipes_child expects
-        done = iter([Output(stage_key(args.stage, args.round), *run_stage(args.stage, params, args.round, Path(".")))])
+    if args.stage is not None:  # as an Output, as write_outputs gives them (it runs no guards: a stage by name is unguarded)
+        outputs = iter([Output(stage_key(args.stage, args.round), *run_stage(args.stage, params, args.round, Path(".")))])
     else:
-        done = write_outputs(args.outputs, params)
-    for output in as_on_rank_0(done):  # each as soon as it is written, as rank 0 wrote it
-        if printing:
-            plain = {k: v for k, v in output.metadata.items() if not isinstance(v, dict)}
-            print(json.dumps({"output": str(output.path), "step": args.stage or output.key, **plain}, indent=2, default=str), flush=True)
+        outputs = write_outputs(args.outputs, params)
+    if rank == reporting_rank(launched):
+        with reporter(params) as report:  # an exception inside is the reporter's to report too (Pipes: the run's event log)
+            for output in as_on_rank_0(outputs):  # each as soon as it is written
+                if rank != 0 and args.stage is None:  # rank 0 may be another machine's, which ran the guards: run them here
+                    output.guards = evaluate_guards(output.key, params)
+                report(output)
+    else:
+        for _ in as_on_rank_0(outputs):  # the same collectives as the reporting rank
+            pass
     stop_distributed()
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """Run one step, or several outputs resident; the reporting rank prints each output path and its scalar metadata."""
+    from rl_assets.run.preflight import check_user_code
+    from rl_assets.run.process import exit_with_launcher
+
+    exit_with_launcher()  # under torchrun: a rank whose agent was killed stops too
+    args, params = parse_args(argv)
+    check_user_code(params, args.params)  # the preflight of a run; under Dagster `rl-assets run` took it before the step
+    return run(args, params)
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ import torch
 from tqdm.auto import tqdm
 
 from rl_assets.train.advantages import equal_reward_group_share, group_advantages, informative_rows, reinforce_pp_advantages, rloo_advantages
+from rl_assets.core.algorithms import algorithm
 from rl_assets.core.config import TrainParams
 from rl_assets.train.losses import policy_loss, sampler_importance_weights
 from rl_assets.core.precision import accelerate_mixed_precision, resolve_mixed_precision
@@ -69,16 +70,19 @@ def table_group_size(rollouts: pa.Table, configured: int) -> int:
 
 def advantages_for(params: TrainParams, reward: torch.Tensor, group_size: int) -> torch.Tensor:
     """(N,) advantages of the configured estimator."""
-    if params.algorithm == "rloo":
+    estimator = algorithm(params.algorithm).advantages
+    if estimator == "rloo":
         return rloo_advantages(reward, group_size)
-    if params.algorithm == "reinforce_pp":
+    if estimator == "reinforce_pp":
         return reinforce_pp_advantages(reward, group_size)
-    return group_advantages(reward, group_size, scale=params.scale_rewards)
+    if estimator == "group":
+        return group_advantages(reward, group_size, scale=params.scale_rewards)
+    raise ValueError(f"train.algorithm {params.algorithm!r} takes its advantages from {estimator or 'no estimator'}, not from rewards alone")
 
 
 def loss_beta(params: TrainParams) -> float:
     """The weight of the loss's k3 KL term: train.beta, unless ppo takes the KL as a reward penalty instead (kl_in_reward)."""
-    return 0.0 if params.algorithm == "ppo" and params.ppo.kl_in_reward else params.beta
+    return 0.0 if algorithm(params.algorithm).value_model and params.ppo.kl_in_reward else params.beta
 
 
 def kept_rows(table: pa.Table, params: TrainParams) -> torch.Tensor:
@@ -135,8 +139,8 @@ def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, gr
     all_rewards = join_rewards(rollouts, rewards)
     table, reward = rollouts, all_rewards
     rows = list(range(rollouts.num_rows))
-    if params.algorithm == "ppo" and token_advantages is None:
-        raise ValueError("train.algorithm ppo takes its advantages from the value model (ppo_targets); none were given")
+    if algorithm(params.algorithm).advantages == "gae" and token_advantages is None:
+        raise ValueError(f"train.algorithm {params.algorithm} takes its advantages from the value model (ppo_targets); none were given")
     if params.drop_equal_reward_groups and token_advantages is None:  # their advantages are 0: they cost compute and dilute the loss normalisation
         informative = informative_rows(all_rewards, group_size)
         table, reward = rollouts.filter(pa.array(informative.tolist())), all_rewards[informative]

@@ -121,3 +121,13 @@ def train_reward_model(params: RewardModelParams, seed: int, output: Path, use_c
                "algorithm": "reward_model", "reward_model": params.model_dump(mode="json"), "metrics": metrics}
     save_checkpoint(model.cpu(), tokenizer, output, lineage)
     return {k: v for k, v in metrics.items() if v is not None}
+
+
+def run_reward_model(params, round_number: int | None, root: Path, device: str, loaded=None) -> tuple[dict, Path]:
+    """The reward_model stage: `train_reward_model` with the run's params, into the experiment's data folder."""
+    from rl_assets.core.paths import data_dir, output_path
+
+    if params.reward_model is None:
+        raise ValueError("the reward_model stage needs a reward_model section in params")
+    path = output_path("reward_model", data_dir(params.experiment, root))
+    return train_reward_model(params.reward_model, params.seed, path, use_cpu=not device.startswith("cuda")), path

@@ -20,8 +20,8 @@ SPLITS = ("sft", "rl", "eval")
 @pytest.fixture(scope="module")
 def materialized(micro_template, tmp_path_factory):
     """raw_data then prompts, called as plain functions with the project's params, cwd = a private copy."""
-    assets = import_pipelines("pipelines.assets")
-    from pipelines.params import ParamsResource
+    assets = import_pipelines("pipelines.definitions.assets")
+    from pipelines.launch.params import ParamsResource
 
     project = copy_project(micro_template, tmp_path_factory.mktemp("assets") / "project")
     params = ParamsResource(path=str(project / "params.yaml"))

@@ -35,7 +35,7 @@ def params_text(case: dict) -> str:
 
 
 def run_raw_data(assets, project: Path):
-    from pipelines.params import ParamsResource
+    from pipelines.launch.params import ParamsResource
 
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
@@ -56,7 +56,7 @@ def snapshot(project: Path) -> dict[str, bytes]:
 
 @pytest.fixture(scope="module")
 def assets():
-    return import_pipelines("pipelines.assets")
+    return import_pipelines("pipelines.definitions.assets")
 
 
 @pytest.fixture(scope="module")
@@ -110,7 +110,7 @@ def test_skipped_bad_rows_are_counted_and_sampled(assets, reference, tmp_path, c
 
 
 def test_chat_template_on_a_tokenizer_without_one_stops_prompts_and_writes_nothing(assets, reference, tmp_path):
-    from pipelines.params import ParamsResource
+    from pipelines.launch.params import ParamsResource
     from rl_assets.data.prompts import ChatTemplateError
 
     project = project_for({"sources": GOOD_SOURCES}, reference, tmp_path)

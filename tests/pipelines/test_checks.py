@@ -17,7 +17,7 @@ ROUNDS = 2
 
 def stand_ins(rounds: int) -> list:
     """Assets with the real graph's keys, dependencies and guards, which write nothing and only run their guards."""
-    checks = import_pipelines("pipelines.checks")
+    checks = import_pipelines("pipelines.launch.checks")
 
     def stand_in(key: str, deps: list[str]):
         @asset(key=AssetKey(key.split("/")), deps=[AssetKey(d.split("/")) for d in deps], check_specs=checks.guard_specs(AssetKey(key.split("/"))),
@@ -36,7 +36,7 @@ def stand_ins(rounds: int) -> list:
 
 def run_checks(root, monkeypatch):
     """(materialized asset keys, {(asset, check): evaluation}) of one in-process run over the fake project."""
-    from pipelines.params import ParamsResource
+    from pipelines.launch.params import ParamsResource
 
     monkeypatch.chdir(root)
     result = materialize(stand_ins(ROUNDS), resources={"params": ParamsResource(path=str(root / "params.yaml"))},

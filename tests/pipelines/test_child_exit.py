@@ -1,4 +1,4 @@
-"""A compute child, and the CLI, end without Python's teardown (pipelines.pipes_child.leave), and loses nothing on the way out."""
+"""A compute child, and the CLI, end without Python's teardown (pipelines.launch.pipes_child.leave), and loses nothing on the way out."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ CHILD = """
 import atexit, sys, threading, time, weakref
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from pipelines.pipes_child import leave
+from pipelines.launch.pipes_child import leave
 
 out = Path(sys.argv[1])
 def late_writer():
@@ -46,9 +46,9 @@ def test_leave_keeps_what_shutdown_would_have_done_and_exits_with_the_code(tmp_p
 
 
 def test_the_child_modules_leave_through_it():
-    """Both ways a compute child starts end in `leave` (a fresh `python -m pipelines.pipes_child`, or the warm child)."""
+    """Both ways a compute child starts end in `leave` (a fresh `python -m pipelines.launch.pipes_child`, or the warm child)."""
     for module in ("pipes_child", "warm_child"):
-        tail = (REPO / "pipelines" / f"{module}.py").read_text().split('if __name__ == "__main__":', 1)[1]
+        tail = (REPO / "pipelines" / "launch" / f"{module}.py").read_text().split('if __name__ == "__main__":', 1)[1]
         assert "leave(" in tail and "sys.exit(" not in tail, module
 
 
@@ -64,6 +64,6 @@ def test_the_cli_exits_with_its_commands_code_and_all_it_printed(tmp_path):
 
 def test_a_process_that_only_imports_it_ends_as_python_would(tmp_path):
     """Importing the module (a test, the code location) changes nothing: the exit handler acts only after `leave`."""
-    code = "import atexit, sys\nimport pipelines.pipes_child\natexit.register(print, 'handler ran')\nsys.exit(3)\n"
+    code = "import atexit, sys\nimport pipelines.launch.pipes_child\natexit.register(print, 'handler ran')\nsys.exit(3)\n"
     done = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert (done.returncode, done.stdout) == (3, "handler ran\n"), done.stderr

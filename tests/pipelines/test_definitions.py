@@ -20,18 +20,18 @@ def key(text: str) -> AssetKey:
 
 @pytest.fixture(scope="module")
 def graph():
-    return import_pipelines("pipelines.definitions").defs().resolve_asset_graph()
+    return import_pipelines("pipelines.definitions.code_location").defs().resolve_asset_graph()
 
 
 def test_importing_definitions_reads_no_params_and_building_them_reads_them_once():
     """Importing the modules reads neither the environment nor params.yaml; Dagster builds the code location when it loads it."""
-    code = "import pipelines.definitions as d, pipelines.steps, pipelines.cli; print('imported'); d.defs()"
+    code = "import pipelines.definitions.code_location as d, pipelines.launch.steps, pipelines.cli; print('imported'); d.defs()"
     done = python(["-c", code], REPO, timeout=120, check=False, RL_ASSETS_PARAMS="no-such-params.yaml")
     assert done.stdout.strip() == "imported" and "no-such-params.yaml: file not found" in done.stderr
 
 
 def test_importing_definitions_does_not_import_torch_transformers_or_trl():
-    code = ("import json, sys; import pipelines.definitions as d; assert d.defs().resolve_asset_graph(); "
+    code = ("import json, sys; import pipelines.definitions.code_location as d; assert d.defs().resolve_asset_graph(); "
             "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] in {'torch', 'transformers', 'trl'})))")
     done = python(["-c", code], REPO, timeout=120)
     assert json.loads(done.stdout.strip().splitlines()[-1]) == []
@@ -83,7 +83,7 @@ def test_compute_assets_are_in_the_gpu_pool_and_table_assets_are_not(graph):
 
 
 def test_compute_ops_declare_their_gpu_need_in_tags():
-    code = ("import json; from pipelines.definitions import defs; d = defs(); g = d.resolve_asset_graph(); "
+    code = ("import json; from pipelines.definitions.code_location import defs; d = defs(); g = d.resolve_asset_graph(); "
             "print(json.dumps({k.to_user_string(): d.resolve_assets_def(k).op.tags for k in g.get_all_asset_keys() if g.get(k).pools}))")
     done = python(["-c", code], REPO, timeout=120, RL_ASSETS_SET="compute.gpus_per_step=2")
     tags = json.loads(done.stdout.strip().splitlines()[-1])
@@ -146,3 +146,13 @@ def test_every_asset_shows_the_owners_of_params_yaml(graph):
     assert owners, "the repo's params.yaml names owners, so this test means something"
     for key in graph.get_all_asset_keys():
         assert list(graph.get(key).owners) == owners, key.to_user_string()
+
+
+def test_every_asset_reads_what_the_stage_graph_says(graph):
+    """Dagster's dependencies are the graph's (rl_assets.core.graph.unroll), for every output and no other asset."""
+    from rl_assets.core.graph import unroll
+
+    outputs = unroll(load_params(REPO / "params.yaml"))
+    assert {o.key for o in outputs} == {k.to_user_string() for k in graph.get_all_asset_keys()}
+    for output in outputs:
+        assert {p.to_user_string() for p in graph.get(key(output.key)).parent_keys} == set(output.inputs), output.key

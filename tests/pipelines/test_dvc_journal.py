@@ -1,4 +1,4 @@
-"""The compute step records its outputs in dvc.lock at its end, several stages in one commit (pipelines/dvc_commit.py).
+"""The compute step records its outputs in dvc.lock at its end, several stages in one commit (pipelines/records/dvc_commit.py).
 
 A commit per output (~1.4 s of CPU each) ran beside the training child and slowed it. What a step wrote waits in
 a journal until then; a run killed before its step ended leaves the journal, and the next `rl-assets run` records it.
@@ -50,7 +50,7 @@ def journal_of(project, stages: list[str]) -> list[dict]:
 
 def test_one_commit_of_several_stages_records_what_dvc_commit_records(unrecorded, monkeypatch):
     project, recorded = unrecorded
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     monkeypatch.chdir(project)
     assert dvc.dvc_python(str(DVC)) is not None  # the helper runs, not the one-stage-at-a-time fallback
     log = Log()
@@ -65,7 +65,7 @@ def test_one_commit_of_several_stages_records_what_dvc_commit_records(unrecorded
 def test_a_stage_whose_output_is_gone_is_named_and_the_others_are_recorded(unrecorded, monkeypatch):
     project, recorded = unrecorded
     (project / MICRO_OUTPUTS["evaluation"]).unlink()
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     monkeypatch.chdir(project)
     log = Log()
     with dvc._dvc_lock_held():
@@ -91,7 +91,7 @@ def test_the_next_run_records_what_a_killed_run_left_in_the_journal(unrecorded):
 
 
 def test_dvc_python_is_the_interpreter_of_dvcs_script_or_none(tmp_path):
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     shell = tmp_path / "dvc"
     shell.write_text("#!/bin/sh\nexit 0\n")
     assert dvc.dvc_python(str(shell)) is None  # not Python: commit_stages falls back to `dvc commit`, one stage at a time
@@ -100,7 +100,7 @@ def test_dvc_python_is_the_interpreter_of_dvcs_script_or_none(tmp_path):
 
 
 def test_under_dvc_repro_nothing_is_journaled(micro_copy, monkeypatch):
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     monkeypatch.chdir(micro_copy)
     monkeypatch.setenv("DVC_STAGE", "raw_data")  # dvc repro records the stage itself
     dvc.record_in_dvc(SimpleNamespace(log=Log()), "raw_data", later=True)
@@ -109,7 +109,7 @@ def test_under_dvc_repro_nothing_is_journaled(micro_copy, monkeypatch):
 
 def test_a_journal_whose_params_file_is_gone_is_still_recorded(unrecorded, monkeypatch):
     project, recorded = unrecorded
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     monkeypatch.chdir(project)
     entries = [{**entry, "params_file": "moved-away.yaml"} for entry in journal_of(project, LEFT_OUT)]
     log = Log()
@@ -123,7 +123,7 @@ def test_a_journal_whose_params_file_is_gone_is_still_recorded(unrecorded, monke
 def test_the_follower_commits_stages_as_they_come_and_writes_dvc_lock_once_at_the_end(unrecorded, monkeypatch):
     """What the compute step does: each stage sent as its output is reported, dvc.lock written at `record_journal`."""
     project, recorded = unrecorded
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     monkeypatch.chdir(project)
     monkeypatch.delenv("DVC_STAGE", raising=False)
     first, *rest = LEFT_OUT
@@ -147,7 +147,7 @@ def test_the_follower_commits_stages_as_they_come_and_writes_dvc_lock_once_at_th
 def test_a_follower_stopped_before_the_end_writes_nothing(unrecorded, monkeypatch):
     """A step killed while its child ran: dvc.lock stays as it was and the journal waits for the next run."""
     project, _ = unrecorded
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     monkeypatch.chdir(project)
     monkeypatch.delenv("DVC_STAGE", raising=False)
     lock_before = (project / "dvc.lock").read_text()
@@ -161,7 +161,7 @@ def test_a_follower_stopped_before_the_end_writes_nothing(unrecorded, monkeypatc
 
 
 def test_raw_data_and_prompts_wait_in_the_journal_only_when_the_compute_step_follows_in_their_run():
-    steps = import_pipelines("pipelines.steps")
+    steps = import_pipelines("pipelines.launch.steps")
     run = lambda keys: SimpleNamespace(run=SimpleNamespace(step_keys_to_execute=keys))  # noqa: E731
     assert steps.compute_step_follows(run(["raw_data", "prompts", "compute"]))
     assert steps.compute_step_follows(run(None))  # every step of the job

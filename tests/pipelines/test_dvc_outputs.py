@@ -1,5 +1,5 @@
 """After a plain `dvc pull` (no `rl-assets pull`, so no Dagster record), outputs whose content, code and params match
-dvc.lock count as made (pipelines/dvc_outputs.py); one that differs is made again, with what depends on it."""
+dvc.lock count as made (pipelines/records/dvc_outputs.py); one that differs is made again, with what depends on it."""
 
 from __future__ import annotations
 

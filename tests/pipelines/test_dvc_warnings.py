@@ -34,7 +34,7 @@ class Log:
 
 def record(project, key: str, assets_def=None) -> list[str]:
     """record_in_dvc(context, key) in `project`, as the asset body calls it; the warnings it logged."""
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     context = SimpleNamespace(log=Log(), **({"assets_def": assets_def} if assets_def is not None else {}))
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
@@ -62,7 +62,7 @@ def test_a_run_with_fewer_rounds_than_dvc_yaml_names_dvc_sync_once(micro_copy):
     set_rounds(micro_copy, 2)
     python(["-m", "pipelines", "dvc-sync"], micro_copy, timeout=180)  # dvc.yaml for 2 rounds ...
     set_rounds(micro_copy, 1)  # ... and a 1-round run
-    compute = import_pipelines("pipelines.compute")
+    compute = import_pipelines("pipelines.definitions.compute")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(micro_copy)  # the asset graph of the 1-round params
         evaluation = compute.compute_asset(load_params("params.yaml"))
@@ -95,7 +95,7 @@ def test_a_missing_stage_names_dvc_sync(micro_copy):
 
 
 def test_dvc_message_is_never_empty():
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     assert dvc.dvc_message(subprocess.CompletedProcess([], 1, "", "")) == "exit status 1 and no output"
     assert dvc.dvc_message(subprocess.CompletedProcess([], 1, "partial output\n", "")) == "partial output"
     assert dvc.dvc_message(subprocess.CompletedProcess([], 1, "Updating lock file\n", "ERROR: a\nERROR: b\n")) == "a; b"
@@ -107,7 +107,7 @@ def test_dvc_commit_runs_at_the_lowest_cpu_priority(micro_copy, tmp_path, monkey
     fake.write_text(f"#!/bin/sh\necho \"$(cut -d' ' -f19 /proc/self/stat) $*\" > {tmp_path / 'ran'}\n")
     fake.chmod(0o755)
     before = os.nice(0)
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     context = SimpleNamespace(log=Log())
     monkeypatch.chdir(micro_copy)
     monkeypatch.delenv("DVC_STAGE", raising=False)

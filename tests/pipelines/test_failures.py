@@ -18,9 +18,9 @@ from dagster import (AssetExecutionContext, AssetKey, DagsterEventType, DagsterI
                      asset, materialize)
 
 from pipelines.cli import failure_report
-from pipelines.pipes_child import DETERMINISTIC_EXIT, TRANSIENT_EXIT, classify, error_line
-from pipelines.failures import ComputeStepCrashed, step_failure
-from pipelines.steps import run_child
+from pipelines.launch.pipes_child import DETERMINISTIC_EXIT, TRANSIENT_EXIT, classify, error_line
+from pipelines.launch.failures import ComputeStepCrashed, step_failure
+from pipelines.launch.steps import run_child
 from rl_assets.core.config import ParamsError
 from rl_assets.train.train_state import TrainStateMismatch
 from conftest import REPO, python
@@ -92,10 +92,10 @@ def test_step_failure_maps_records_and_exit_codes():
 
 CHILDREN = {
     # the real child's failure path: traceback, `error: ...` line, record, DETERMINISTIC_EXIT
-    "raises_value_error": "from pipelines.pipes_child import report_failure; import sys; "
+    "raises_value_error": "from pipelines.launch.pipes_child import report_failure; import sys; "
                           "sys.exit(report_failure(ValueError('The hidden size (32) is not a multiple of 5')))",
     "exits_deterministic": f"import sys; sys.exit({DETERMINISTIC_EXIT})",
-    "raises_cuda_oom": "import sys, torch; from pipelines.pipes_child import report_failure; "
+    "raises_cuda_oom": "import sys, torch; from pipelines.launch.pipes_child import report_failure; "
                        "sys.exit(report_failure(torch.OutOfMemoryError('CUDA out of memory')))",
     "killed": "import os, signal; os.kill(os.getpid(), signal.SIGKILL)",  # the OOM killer
     "terminated": "import os, signal; os.kill(os.getpid(), signal.SIGTERM)",  # preempted
@@ -131,7 +131,7 @@ def test_a_deterministic_child_runs_once(kind, tmp_path):
 TORCHRUN_CHILD = """
 import os, sys, time
 sys.path.insert(0, os.getcwd())  # the repo (the client's cwd)
-from pipelines.pipes_child import report_failure
+from pipelines.launch.pipes_child import report_failure
 if os.environ["RANK"] == "1":
     sys.exit(report_failure(ValueError("rank 1 cannot read its shard")))
 time.sleep(60)  # rank 0 waits, as in a collective, until torchrun stops it
@@ -262,7 +262,7 @@ def test_a_reward_that_raises_fails_the_run_once_and_says_why(micro_copy):
 
 YIELDING_STEP = """
 import json, os, subprocess, sys, threading
-from pipelines.steps import yield_cpu_to_children
+from pipelines.launch.steps import yield_cpu_to_children
 waiting = threading.Event()
 threading.Thread(target=waiting.wait).start()  # a thread started before, like the Pipes reader
 child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from conftest import REPO, python
-from pipelines.steps import compute_command
+from pipelines.launch.steps import compute_command
 from rl_assets.core.run_params import ComputeParams
 
 pytest.importorskip("dagster_k8s", reason="dagster-k8s is the optional [k8s] extra")
@@ -16,7 +16,7 @@ pytest.importorskip("dagster_k8s", reason="dagster-k8s is the optional [k8s] ext
 POD_SPECS = """
 import json
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
-import pipelines.definitions as d
+import pipelines.definitions.code_location as d
 from kubernetes.client import ApiClient
 
 out = {"executor": d.defs().executor.name}
@@ -63,12 +63,12 @@ def test_default_params_run_on_the_multiprocess_executor_without_gpu_requests():
     assert specs["compute"]["limits"] == {}
 
 
-RESOURCE = "/tmp/rl-assets-params-x/params.json"  # the step's resolved params (pipelines.steps.resolved_params_file)
+RESOURCE = "/tmp/rl-assets-params-x/params.json"  # the step's resolved params (pipelines.launch.steps.resolved_params_file)
 
 
 def test_one_process_steps_run_plain_python():
     command = compute_command(["r03/rollouts", "r03/rewards"], RESOURCE, ComputeParams(nproc=4))
-    assert command[1:] == ["-m", "pipelines.pipes_child", "r03/rollouts", "r03/rewards", "--resolved-params", RESOURCE]
+    assert command[1:] == ["-m", "pipelines.launch.pipes_child", "r03/rollouts", "r03/rewards", "--resolved-params", RESOURCE]
 
 
 def test_several_processes_use_standalone_torchrun():
@@ -80,7 +80,7 @@ def test_several_nodes_use_torchrun_rendezvous():
     compute = ComputeParams(nproc=8, nnodes=4, rdzv_endpoint="rl-assets-train.default.svc:29400")
     command = " ".join(compute_command(["r02/checkpoint"], RESOURCE, compute))
     assert ("-m torch.distributed.run --nnodes 4 --rdzv_backend c10d --rdzv_endpoint rl-assets-train.default.svc:29400 "
-            "--rdzv_id rl-assets-r02-checkpoint --nproc_per_node=8 -m pipelines.pipes_child r02/checkpoint") in command
+            "--rdzv_id rl-assets-r02-checkpoint --nproc_per_node=8 -m pipelines.launch.pipes_child r02/checkpoint") in command
 
 
 def test_an_accelerate_config_switches_the_launcher_to_accelerate_launch(tmp_path):

@@ -7,9 +7,9 @@ import pytest
 import yaml
 
 from conftest import REPO
-from pipelines.steps import compute_command
+from pipelines.launch.steps import compute_command
 from rl_assets.core.run_params import ComputeParams
-from pipelines.k8s_job import job_name, manifests_text, rendezvous_endpoint, training_job_manifests
+from pipelines.launch.k8s_job import job_name, manifests_text, rendezvous_endpoint, training_job_manifests
 
 kubernetes_validate = pytest.importorskip("kubernetes_validate")
 KUBERNETES = "1.30"  # the oldest release still supported by its cloud providers as of this writing; the manifests use nothing newer
@@ -52,7 +52,7 @@ def test_the_job_holds_the_other_machines_and_hosts_the_rendezvous_dagster_s_ste
     endpoint = rendezvous_endpoint(3)
     assert endpoint.startswith(f"{job_name(3)}-0.{job_name(3)}:")  # pod 0's stable name through the headless Service
     command = pod["containers"][0]["command"]
-    # the same rendezvous as the one Dagster's compute step launches with those params (pipelines.steps.compute_command)
+    # the same rendezvous as the one Dagster's compute step launches with those params (pipelines.launch.steps.compute_command)
     dagster = compute_command(["r03/checkpoint"], "params.json", ComputeParams(nproc=8, nnodes=nodes, rdzv_endpoint=endpoint))
     for option in ("--nnodes", "--rdzv_backend", "--rdzv_endpoint", "--rdzv_id"):
         assert command[command.index(option) + 1] == dagster[dagster.index(option) + 1], option

@@ -24,9 +24,9 @@ ROUNDS = PARAMS["rounds"]
 @pytest.fixture(scope="module")
 def pipeline(micro_template, tmp_path_factory):
     """(project, {asset key: AssetMaterialization}) after one in-process run of every micro asset."""
-    assets = import_pipelines("pipelines.assets")
-    compute = import_pipelines("pipelines.compute")
-    from pipelines.params import ParamsResource
+    assets = import_pipelines("pipelines.definitions.assets")
+    compute = import_pipelines("pipelines.definitions.compute")
+    from pipelines.launch.params import ParamsResource
 
     project = copy_project(micro_template, tmp_path_factory.mktemp("materialize") / "project")
     with pytest.MonkeyPatch.context() as patch:

@@ -1,7 +1,7 @@
 """A compute child whose launcher dies by SIGKILL (torchrun's agent, the step process) exits by itself within a second or
 two (rl_assets.run.process.exit_with_launcher); one started by hand, whose shell may be gone, runs on.
 
-Each child is the real entry point, `python -m pipelines.pipes_child`, held where it reads its params: a FIFO that the
+Each child is the real entry point, `python -m pipelines.launch.pipes_child`, held where it reads its params: a FIFO that the
 test opens for writing and never writes, so the child waits there, alive, for as long as the test wants.
 """
 
@@ -21,13 +21,13 @@ from conftest import PYTHON, REPO
 
 pytestmark = pytest.mark.e2e
 
-# A stand-in for the step process: it starts the child and waits for it, as pipelines.steps.run_child does.
+# A stand-in for the step process: it starts the child and waits for it, as pipelines.launch.steps.run_child does.
 PARENT = "import subprocess, sys; sys.exit(subprocess.call(sys.argv[1:]))"
 DEADLINE = 120.0  # seconds for the children's imports (torch, transformers) on a busy machine, and for each wait
 
 
 def child_command(fifo: Path) -> list[str]:
-    return [PYTHON, "-m", "pipelines.pipes_child", "r01/checkpoint", "--resolved-params", str(fifo)]
+    return [PYTHON, "-m", "pipelines.launch.pipes_child", "r01/checkpoint", "--resolved-params", str(fifo)]
 
 
 def clean_env(**extra: str) -> dict[str, str]:

@@ -1,7 +1,7 @@
 """The Pipes message reader of compute steps reads a message only once its whole line is in the file.
 
 The child's Pipes writer appends a long message in pieces; a reader that parses half a line dies and every later
-message of the step is lost (Dagster's own file reader did, under load: see pipelines.pipes_reader.WholeLineMessageReader).
+message of the step is lost (Dagster's own file reader did, under load: see pipelines.launch.pipes_reader.WholeLineMessageReader).
 """
 
 import json
@@ -11,7 +11,7 @@ import time
 import pytest
 from dagster import PipesSubprocessClient, PipesTempFileMessageReader
 
-from pipelines.pipes_reader import WholeLineMessageReader, message_reader, whole_lines
+from pipelines.launch.pipes_reader import WholeLineMessageReader, message_reader, whole_lines
 
 
 class Handler:

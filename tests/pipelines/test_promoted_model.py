@@ -12,8 +12,8 @@ from rl_assets.core.checkpoints import read_lineage
 
 
 def test_promoted_model_asset_promotes_the_best_checkpoint(tmp_path, monkeypatch):
-    compute = import_pipelines("pipelines.compute")
-    from pipelines.params import ParamsResource
+    compute = import_pipelines("pipelines.definitions.compute")
+    from pipelines.launch.params import ParamsResource
 
     root = make_fake_project(tmp_path, sampled={0: 0.3, 1: 0.6, 2: 0.5})
     monkeypatch.chdir(root)
@@ -31,7 +31,7 @@ def test_promoted_model_asset_promotes_the_best_checkpoint(tmp_path, monkeypatch
 
 
 def test_a_promoted_warm_start_makes_the_promoted_model_an_input_of_the_r00_stage():
-    code = ("from pipelines.definitions import defs; from pipelines.dvc import dvc_yaml_text; import yaml; "
+    code = ("from pipelines.definitions.code_location import defs; from pipelines.records.dvc import dvc_yaml_text; import yaml; "
             "print(yaml.safe_load(dvc_yaml_text(defs().resolve_asset_graph()))['stages']['r00-checkpoint'])")
     base = python(["-c", code], REPO, timeout=120).stdout
     promoted = python(["-c", code], REPO, timeout=120, RL_ASSETS_SET="promotion.warm_start=promoted").stdout

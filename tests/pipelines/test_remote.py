@@ -189,7 +189,7 @@ def test_no_remote_is_said_once_and_changes_nothing(micro_template, tmp_path):
 
 
 def wait_for_background_pushes(project):
-    """A push the step started in the background holds this lock until it is done (pipelines/dvc_remote.py)."""
+    """A push the step started in the background holds this lock until it is done (pipelines/records/dvc_remote.py)."""
     lock = project / ".rl_assets/remote/pushed.json.lock"
     if lock.exists():
         with open(lock) as handle:
@@ -301,7 +301,7 @@ PUT_OVER = """
 import json, sys
 from pathlib import Path
 from dvc_objects.fs.local import LocalFileSystem
-sys.path.append("pipelines")  # after DVC itself: pipelines/dvc.py is not `dvc`
+sys.path.append("pipelines/records")  # after DVC itself: pipelines/records/dvc.py is not `dvc`
 from dvc_remote import _put
 
 remote, local = Path(sys.argv[1]), Path(sys.argv[2])

@@ -1,4 +1,4 @@
-"""Which round checkpoints retention keeps (pipelines/retention.py), on folders and tables made by hand."""
+"""Which round checkpoints retention keeps (pipelines/storage/retention.py), on folders and tables made by hand."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from conftest import micro_params
-from pipelines.retention import kept_checkpoints
+from pipelines.storage.retention import kept_checkpoints
 from rl_assets.core.checkpoints import RETIRED_FILE
 from rl_assets.core.params_file import parse_params
 

@@ -34,7 +34,8 @@ def write_params(project, **sections) -> None:
 @pytest.fixture
 def project(tmp_path, monkeypatch):
     """A project folder with params.yaml, data/raw and a stored r01/rollouts table; cwd is inside it."""
-    modules = {m: import_pipelines(f"pipelines.{m}") for m in ("compute", "reward_model", "params", "outdated")}  # imported from the repo, as the code location is
+    modules = {m.rpartition(".")[2]: import_pipelines(f"pipelines.{m}")  # imported from the repo, as the code location is
+               for m in ("definitions.compute", "definitions.reward_model", "launch.params", "records.outdated")}
     shutil.copytree(REPO / "data" / "raw", tmp_path / "data" / "raw")
     write_params(tmp_path)
     rows = [{"round": 1, "prompt_id": f"p{i // 2}", "sample_idx": i % 2, "prompt": "2+2=", "answer": "4", "extra": "{}",
@@ -76,7 +77,7 @@ def trained_checkpoint(code_version: str | None = None):
 
 
 def stale(instance, assets, key, modules, named: bool = False):
-    """Why `key` is stale against the specs of `assets` (None: up to date), as `rl-assets run` decides (pipelines.outdated);
+    """Why `key` is stale against the specs of `assets` (None: up to date), as `rl-assets run` decides (pipelines.records.outdated);
     `named`: a changed code version names what changed, from what the output on disk recorded (as `run` passes its params)."""
     specs = {spec.key: spec for a in assets for spec in a.specs}
     events = instance.get_latest_materialization_events([*specs, ROLLOUTS_KEY])

@@ -10,7 +10,7 @@ from rl_assets.core.params_file import load_params
 
 
 def test_sensor_records_the_raw_data_version_then_fires_once_per_change(tmp_path, monkeypatch):
-    schedules = import_pipelines("pipelines.schedules")
+    schedules = import_pipelines("pipelines.definitions.schedules")
     root = make_fake_project(tmp_path)
     monkeypatch.chdir(root)
     monkeypatch.delenv("RL_ASSETS_PARAMS", raising=False)
@@ -35,7 +35,7 @@ def test_sensor_records_the_raw_data_version_then_fires_once_per_change(tmp_path
 
 
 def test_schedule_takes_cron_and_switch_from_params(tmp_path):
-    schedules = import_pipelines("pipelines.schedules")
+    schedules = import_pipelines("pipelines.definitions.schedules")
     root = make_fake_project(tmp_path)
     off = schedules.retrain_schedule(load_params(root / "params.yaml"))
     assert off.cron_schedule == "0 3 * * 1" and off.default_status == DefaultScheduleStatus.STOPPED and off.job_name == "rl_pipeline"
@@ -46,7 +46,7 @@ def test_schedule_takes_cron_and_switch_from_params(tmp_path):
 
 
 def test_code_location_has_the_triggers_off_by_default_and_guards_on_every_asset():
-    defs = import_pipelines("pipelines.definitions").defs()
+    defs = import_pipelines("pipelines.definitions.code_location").defs()
     assert defs.resolve_schedule_def("retrain_schedule").default_status == DefaultScheduleStatus.STOPPED
     assert defs.resolve_sensor_def("raw_data_sensor").default_status == DefaultSensorStatus.STOPPED
     graph = defs.resolve_asset_graph()

@@ -13,7 +13,7 @@ import pytest
 
 from conftest import PYTHON, REPO, copy_project, project_env, python
 from faults import fault_project
-from pipelines.slurm_job import ENDED, MISSED_BEATS
+from pipelines.launch.slurm_job import ENDED, MISSED_BEATS
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage
 from slurm_support import job_state, local_slurm
 
@@ -137,12 +137,12 @@ def test_an_error_in_the_job_fails_the_step_once_with_the_childs_own_line(slurm,
 
 
 def test_a_job_whose_launcher_is_killed_cancels_itself(slurm, tmp_path):
-    """SIGKILL of the launcher (pipelines.slurm_job), which then cannot scancel: the job sees its heartbeat stop and leaves the queue.
+    """SIGKILL of the launcher (pipelines.launch.slurm_job), which then cannot scancel: the job sees its heartbeat stop and leaves the queue.
     While the launcher lives, the job runs on past more heartbeats than it tolerates missing."""
     folder, log = tmp_path / "step", tmp_path / "launcher.log"
     hold = [PYTHON, "-c", "import time; time.sleep(600)", str(folder)]  # the job's work, named by its folder for pgrep
     with open(log, "w") as out:
-        launcher = subprocess.Popen([PYTHON, "-m", "pipelines.slurm_job", "--folder", str(folder), "--heartbeat", "1", "--poll", "0.2", "--",
+        launcher = subprocess.Popen([PYTHON, "-m", "pipelines.launch.slurm_job", "--folder", str(folder), "--heartbeat", "1", "--poll", "0.2", "--",
                                      *hold], cwd=tmp_path, env={**os.environ, **slurm, "PYTHONPATH": str(REPO)}, stdout=out, stderr=subprocess.STDOUT)
     try:
         wait_for(lambda: (folder / "job_id").is_file() and job_state((folder / "job_id").read_text(), slurm).get("JobState") == "RUNNING",

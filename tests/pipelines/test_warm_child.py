@@ -1,4 +1,4 @@
-"""The compute child a CLI run starts ahead of its step (pipelines/warm_child.py).
+"""The compute child a CLI run starts ahead of its step (pipelines/launch/warm_child.py).
 
 The handover itself, without Dagster: the command runs in the warm child with the step's stdout/stderr,
 working directory and per-step variables, its exit status (a signal's included) reaches the step, it is
@@ -20,16 +20,16 @@ from types import SimpleNamespace
 import pytest
 from dagster import AssetKey
 
-from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
-from pipelines.warm_child import WARM_CHILD_ENV, HandedOver, WarmChild, take, wants_warm_child, warm_child_for
+from pipelines.launch.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
+from pipelines.launch.warm_child import WARM_CHILD_ENV, HandedOver, WarmChild, take, wants_warm_child, warm_child_for
 from conftest import REPO
 
-COMMAND = [sys.executable, "-m", "pipelines.pipes_child", "r01/rollouts", "--params", "missing.yaml"]
+COMMAND = [sys.executable, "-m", "pipelines.launch.pipes_child", "r01/rollouts", "--params", "missing.yaml"]
 
 
 @pytest.fixture
 def warm(monkeypatch):
-    monkeypatch.chdir(REPO)  # where `python -m pipelines.warm_child` finds the package
+    monkeypatch.chdir(REPO)  # where `python -m pipelines.launch.warm_child` finds the package
     monkeypatch.delenv(WARM_CHILD_ENV, raising=False)
     child = WarmChild()
     child.env = dict(os.environ)  # as it started (pytest's own variable changes between the setup and the test)
@@ -82,7 +82,7 @@ def test_an_unused_warm_child_is_stopped_when_the_run_ends(warm):
 
 
 def test_a_warm_child_whose_cli_died_leaves(tmp_path):
-    cli = subprocess.run([sys.executable, "-c", "import os; from pipelines.warm_child import WarmChild; "
+    cli = subprocess.run([sys.executable, "-c", "import os; from pipelines.launch.warm_child import WarmChild; "
                                                 "print(WarmChild().process.pid, flush=True); os._exit(0)"],
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
     pid = int(cli.stdout)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dagster import DagsterInstance, DagsterRun, DagsterRunStatus
 
-from pipelines.writer import exclusive_writer
+from pipelines.records.writer import exclusive_writer
 
 
 def test_the_next_writer_frees_the_slots_of_runs_that_ended(tmp_path):

@@ -1,16 +1,11 @@
-"""The library's layout: grouped by the flow, dependencies one way, no Dagster, tests mirroring it, old paths named.
-
-Every import counts, also those inside functions: a lazy import is still a dependency (it only moves
-the cost), so a cycle through one is still a cycle.
-"""
+"""The library's layout: grouped by the flow, dependencies one way, no Dagster, tests mirroring it."""
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
-import pytest
-
+from import_graph import fail_on_cycle, modules as package_modules, upward_imports
 
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "rl_assets"
@@ -19,30 +14,7 @@ LAYERS = ["core", "data", "rollout", "rewards", "train", "eval", "run", "serve"]
 
 
 def modules() -> dict[str, Path]:
-    found = {}
-    for path in PACKAGE.rglob("*.py"):
-        name = ".".join(path.relative_to(REPO).with_suffix("").parts).removesuffix(".__init__")
-        found[name] = path
-    return found
-
-
-def imports(path: Path, known: dict[str, Path]) -> set[str]:
-    """The rl_assets modules `path` imports (a name imported from a package counts as its submodule when it is one)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        names = []
-        if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
-        elif isinstance(node, ast.ImportFrom) and node.module:
-            assert not node.level, f"{path}: relative import of {node.module}"
-            names = [f"{node.module}.{alias.name}" if f"{node.module}.{alias.name}" in known else node.module for alias in node.names]
-        found.update(name for name in names if name.split(".")[0] == "rl_assets" and name != "rl_assets")
-    return found
-
-
-def group(module: str) -> str | None:
-    parts = module.split(".")
-    return parts[1] if len(parts) > 2 and parts[1] in LAYERS else None
+    return package_modules("rl_assets")
 
 
 def test_every_module_sits_in_a_group_of_the_flow():
@@ -52,25 +24,9 @@ def test_every_module_sits_in_a_group_of_the_flow():
 
 
 def test_no_import_cycle_and_groups_depend_only_on_earlier_ones():
-    known = modules()
-    graph = {name: imports(path, known) - {name} for name, path in known.items()}
-    upward = [f"{m} -> {t}" for m, targets in graph.items() for t in targets
-              if group(m) and group(t) and LAYERS.index(group(t)) > LAYERS.index(group(m))]
-    assert not upward, "imports against the flow:\n" + "\n".join(sorted(upward))
-    state: dict[str, str] = {}
-
-    def visit(name: str, path: list[str]) -> None:
-        state[name] = "open"
-        for target in sorted(graph.get(name, ())):
-            if state.get(target) == "open":
-                pytest.fail("import cycle: " + " -> ".join(path[path.index(target):] + [target]))
-            if target not in state:
-                visit(target, [*path, target])
-        state[name] = "done"
-
-    for name in sorted(graph):
-        if name not in state:
-            visit(name, [name])
+    upward = upward_imports("rl_assets", LAYERS)
+    assert not upward, "imports against the flow:\n" + "\n".join(upward)
+    fail_on_cycle("rl_assets")
 
 
 def test_the_library_never_imports_or_calls_the_orchestration_layer():

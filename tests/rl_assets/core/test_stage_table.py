@@ -129,7 +129,7 @@ def test_lineage_and_code_version_read_the_same_params(params):
 
 
 def test_dvc_records_the_params_a_run_used_typed_as_dvc_reads_them(tmp_path, monkeypatch):
-    dvc = import_pipelines("pipelines.dvc")
+    dvc = import_pipelines("pipelines.records.dvc")
     monkeypatch.chdir(tmp_path)
     raw = yaml.safe_load((REPO / "tests" / "micro_params.yaml").read_text())
     (tmp_path / "other.yaml").write_text(yaml.safe_dump(raw).replace("learning_rate: 0.01", "learning_rate: 1e-2"))

@@ -144,8 +144,8 @@ def test_tables_written_before_images_read_as_text_only(tmp_path):
 def test_raw_data_declares_the_images_folder_as_a_dvc_output_when_a_source_has_images(tmp_path):
     from pathlib import Path
 
-    from pipelines.assets import data_assets, has_images
-    from pipelines.dvc import graph_stage
+    from pipelines.definitions.assets import data_assets, has_images
+    from pipelines.records.dvc import graph_stage
     from rl_assets.core.params_file import load_params
 
     text = load_params(Path(__file__).resolve().parents[3] / "params.yaml")
@@ -197,7 +197,7 @@ def test_model_stages_refuse_prompts_with_images_while_every_policy_reads_text_o
     params = load_params(root / "params.yaml")
     message = r"1 of 4 prompts show images, but the policy \(tiny\) reads text only"
     with pytest.raises(ValueError, match=message):
-        run_sft(params, root, "cpu")
+        run_sft(params, 0, root, "cpu", Loaded())
     with pytest.raises(ValueError, match=message):
         run_rollouts(params, 1, root, "cpu", Loaded())
 

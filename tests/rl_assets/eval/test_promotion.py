@@ -15,7 +15,7 @@ from rl_assets.core.params_file import load_params
 
 def promote_once(root, monkeypatch):
     monkeypatch.chdir(root)  # lineage traces and outputs are relative to the project
-    return promotion.run_promotion(load_params(root / "params.yaml"), root, "cpu")[0]
+    return promotion.run_promotion(load_params(root / "params.yaml"), None, root, "cpu")[0]
 
 
 def test_first_promotion_copies_the_best_checkpoint_with_a_card_and_history(tmp_path, monkeypatch):
@@ -146,6 +146,7 @@ def test_warm_start_path_only_when_asked_and_present(tmp_path, monkeypatch):
 
 def test_r00_starts_from_the_promoted_model_when_asked(tmp_path, monkeypatch):
     from rl_assets.core.checkpoints import save_checkpoint
+    from rl_assets.run.loaded import Loaded
     from rl_assets.run.stages import run_sft
     from rl_assets.core.tokenizer import build_tiny_tokenizer
 
@@ -156,7 +157,7 @@ def test_r00_starts_from_the_promoted_model_when_asked(tmp_path, monkeypatch):
     promoted = root / "models/promoted"
     promoted_id = save_checkpoint(new_tiny_model(seed=3), build_tiny_tokenizer(), promoted, {"round": 2})
     (promoted / promotion.CARD).write_text(json.dumps({"checkpoint_id": promoted_id}))
-    run_sft(load_params(root / "params.yaml", ["promotion.warm_start=promoted"]), root, "cpu")
+    run_sft(load_params(root / "params.yaml", ["promotion.warm_start=promoted"]), 0, root, "cpu", Loaded())
     card = read_lineage(root / "data/r00/checkpoint")
     assert (card["checkpoint_id"], card["parent"], card["algorithm"]) == (promoted_id, promoted_id, "promoted")
 

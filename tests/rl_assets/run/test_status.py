@@ -32,7 +32,7 @@ def test_status_reports_round_metrics_evaluation_and_promoted_model(project):
     assert status["current_round"] == 2 and status["promoted_model"] is None
     assert status["latest_checkpoint"]["metrics"] == GOOD_METRICS
     assert status["evaluation"]["accuracy"]["r01/checkpoint"] == {"greedy": 0.55, "sampled": 0.5}
-    run_promotion(params, project, "cpu")
+    run_promotion(params, None, project, "cpu")
     promoted = project_status(project, params)["promoted_model"]
     assert promoted["source"] == "r01/checkpoint" and promoted["sampled_accuracy"] == 0.5 and promoted["history_events"] == 1
     json.dumps(status)  # plain JSON for probes
@@ -74,7 +74,7 @@ def test_resolve_checkpoint_by_round_id_prefix_and_promoted(project):
         resolve_checkpoint("r07", promotion, project)
     with pytest.raises(FileNotFoundError, match="no checkpoint folder or id"):
         resolve_checkpoint("zzz", promotion, project)
-    run_promotion(load_params(project / "params.yaml"), project, "cpu")
+    run_promotion(load_params(project / "params.yaml"), None, project, "cpu")
     assert resolve_checkpoint("promoted", promotion, project) == project / "models/promoted"
 
 
@@ -91,11 +91,11 @@ def test_sample_from_a_saved_checkpoint(tmp_path):
 
 def test_cli_rollback_restores_the_previous_model_and_refuses_when_there_is_none(project, capsys):
     params = load_params(project / "params.yaml")
-    first = run_promotion(params, project, "cpu")[0]["checkpoint_id"]
+    first = run_promotion(params, None, project, "cpu")[0]["checkpoint_id"]
     assert cli.main(["rollback"]) == 2
     assert "nothing to roll back to" in capsys.readouterr().err
     make_fake_project(project, sampled={0: 0.3, 1: 0.5, 2: 0.9}, seed=1)
-    assert run_promotion(params, project, "cpu")[0]["promoted"]
+    assert run_promotion(params, None, project, "cpu")[0]["promoted"]
     assert cli.main(["rollback"]) == 0
     assert json.loads(capsys.readouterr().out)["checkpoint_id"] == first
     assert read_lineage(project / "models/promoted")["checkpoint_id"] == first

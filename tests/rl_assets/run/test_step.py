@@ -1,4 +1,4 @@
-"""The compute step's command line (`python -m rl_assets.run.step`, and pipelines.pipes_child's arguments)."""
+"""The compute step's command line (`python -m rl_assets.run.step`, and pipelines.launch.pipes_child's arguments)."""
 
 import pytest
 import yaml

@@ -35,7 +35,7 @@ def make_served_project(root: Path) -> Path:
     from ops_support import write_evaluation
 
     write_evaluation(root, {0: 0.3, 1: 0.5, 2: 0.4})
-    run_promotion(load_params(root / "params.yaml"), root, "cpu")
+    run_promotion(load_params(root / "params.yaml"), None, root, "cpu")
     return root
 
 

@@ -50,7 +50,7 @@ def test_the_deployment_is_probed_on_health_and_scraped_by_prometheus():
 POD = """
 import json
 from dagster_k8s.job import DagsterK8sJobConfig, construct_dagster_k8s_job, get_user_defined_k8s_config
-import pipelines.definitions as d
+import pipelines.definitions.code_location as d
 
 node = next(n for n in d.defs().resolve_job_def("rl_pipeline").graph.node_defs if n.name == "compute")
 tags = {k: v if isinstance(v, str) else json.dumps(v) for k, v in node.tags.items()}

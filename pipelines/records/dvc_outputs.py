@@ -23,8 +23,8 @@ from pathlib import Path
 
 from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization, AssetSpec, DagsterInstance
 
-from pipelines.dvc import dvc_executable, dvc_message, load_yaml, spec_stage
-from pipelines.outdated import CODE_VERSION, DATA_VERSION, INPUT_DATA_VERSION
+from pipelines.records.dvc import dvc_executable, dvc_message, load_yaml, spec_stage
+from pipelines.records.outdated import CODE_VERSION, DATA_VERSION, INPUT_DATA_VERSION
 from rl_assets.core.paths import dvc_stage_name, output_key, output_path
 
 ADOPTED_TAG = "rl_assets/adopted"

@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dagster import AssetExecutionContext, AssetKey, ConfigurableResource, DagsterError
 
-from pipelines.dvc import MISSING, dotted
+from pipelines.records.dvc import MISSING, dotted
 from rl_assets.core.config import Params
 from rl_assets.core.params_file import load_params
 from rl_assets.core.paths import asset_key_path
@@ -65,7 +65,7 @@ def asset_key(key: str) -> AssetKey:
 
 
 def load_project_params() -> Params:
-    """The project's params (`project_params`): what the code location is built from (pipelines.definitions.defs) and the CLI reads.
+    """The project's params (`project_params`): what the code location is built from (pipelines.definitions.code_location.defs) and the CLI reads.
 
     Parsed once per file content, overrides, environment and working directory: the same object until one changes.
     """

@@ -10,11 +10,11 @@ import logging
 from dagster import (AssetSelection, Definitions, PipesSubprocessClient, colored_console_logger, define_asset_job, definitions, logger,
                      multiprocess_executor)
 
-from pipelines.assets import data_assets
-from pipelines.compute import compute_asset
-from pipelines.params import load_project_params, project_params
-from pipelines.reward_model import reward_model_asset
-from pipelines.schedules import raw_data_sensor, retrain_schedule
+from pipelines.definitions.assets import data_assets
+from pipelines.definitions.compute import compute_asset
+from pipelines.launch.params import load_project_params, project_params
+from pipelines.definitions.reward_model import reward_model_asset
+from pipelines.definitions.schedules import raw_data_sensor, retrain_schedule
 from rl_assets.core.config import Params
 
 # Runs that write the project's data queue behind each other (dagster.yaml limits this tag to one at a time).
@@ -27,7 +27,7 @@ _built: tuple = (None, None)  # (params, their Definitions): the last build in t
 
 @definitions
 def defs() -> Definitions:
-    """The project's code location for its params ($RL_ASSETS_PARAMS, $RL_ASSETS_SET: `pipelines.params.project_params`).
+    """The project's code location for its params ($RL_ASSETS_PARAMS, $RL_ASSETS_SET: `pipelines.launch.params.project_params`).
 
     Built again only when those params change: `load_project_params` gives the same object while the file, the
     overrides and the environment are the same (the CLI asks several times in a run).
@@ -40,7 +40,7 @@ def defs() -> Definitions:
 
 
 def build_definitions(params: Params) -> Definitions:
-    assets = [*data_assets(params), compute_asset(params)]  # every model step in one resident op (pipelines/compute.py)
+    assets = [*data_assets(params), compute_asset(params)]  # every model step in one resident op (pipelines/definitions/compute.py)
     if (reward_model := reward_model_asset(params)) is not None:  # only when params configure one
         assets.append(reward_model)
     if params.owners:  # who to ask about an asset, shown on every asset in the UI
@@ -67,7 +67,7 @@ def executor(params):
     return multiprocess_executor.configured({"start_method": {"forkserver": {"preload_modules": STEP_PRELOAD}}})
 
 
-STEP_PRELOAD = ["pipelines.definitions"]
+STEP_PRELOAD = ["pipelines.definitions.code_location"]
 
 
 def start_step_server(params) -> None:

@@ -5,7 +5,7 @@ run the same code. When an asset is materialized outside `dvc repro` (UI, `make 
 itself runs `dvc commit` for its stage so that `dvc status` stays clean (the compute step for each output
 as it is reported, and writes dvc.lock once for all of them at its end: `JournalFollower`). DVC lives in its own tool environment (its hydra dependency pins an antlr
 runtime that breaks Dagster's selection parser), so it is always called as a command, never imported:
-`dvc` itself, or pipelines/dvc_commit.py under DVC's Python.
+`dvc` itself, or pipelines/records/dvc_commit.py under DVC's Python.
 """
 
 from __future__ import annotations
@@ -107,7 +107,7 @@ def record_journal(log, follower: JournalFollower | None = None) -> list[str]:
     """Commit every stage in the journal at once, then clear it; the stages recorded.
 
     A `dvc commit` per stage ran beside the training child, which it slowed; the
-    compute step now records its outputs at its end, all in one commit (pipelines/dvc_commit.py). With `follower`,
+    compute step now records its outputs at its end, all in one commit (pipelines/records/dvc_commit.py). With `follower`,
     the stages it committed while the step ran are only written to dvc.lock.
     """
     try:
@@ -139,9 +139,9 @@ class JournalFollower:
     def __init__(self, pushes: bool = False) -> None:
         self.process: subprocess.Popen | None = None
         self.sent: list[str] = []
-        self.pushes = pushes  # `push` lines: the helper writes dvc.lock and pushes what it committed (pipelines/remote.py)
+        self.pushes = pushes  # `push` lines: the helper writes dvc.lock and pushes what it committed (pipelines/storage/remote.py)
         self._stderr = None
-        self._writing = threading.Lock()  # `push` also comes from pipelines.remote.SnapshotWatcher's thread
+        self._writing = threading.Lock()  # `push` also comes from pipelines.storage.remote.SnapshotWatcher's thread
 
     def send(self, stage: str) -> None:
         if self.process is None and not self._start():
@@ -163,7 +163,7 @@ class JournalFollower:
         return True
 
     def push(self, request: dict) -> bool:
-        """With `pushes`: write dvc.lock and push what the helper committed so far, and the state (pipelines/dvc_remote.py).
+        """With `pushes`: write dvc.lock and push what the helper committed so far, and the state (pipelines/records/dvc_remote.py).
 
         Stdin is one stream, so every stage sent before is committed by then: nothing to wait for here."""
         return self.pushes and self.process is not None and self._write("PUSH " + json.dumps(request))
@@ -242,7 +242,7 @@ def commit_stages(log, entries: list[dict], dvc: str, follower: JournalFollower 
     if follower is not None and follower.running:
         errors = follower.finish(stages)
     elif python is not None:  # also for one stage: `dvc commit` would fill DVC's run cache (see dvc_commit.py)
-        # -I: not the script's folder on sys.path, where pipelines/dvc.py would shadow the dvc package
+        # -I: not the script's folder on sys.path, where pipelines/records/dvc.py would shadow the dvc package
         done = subprocess.run([*LOW_PRIORITY, python, "-I", str(HELPER), *stages], capture_output=True, text=True)
         errors = _helper_errors(done, stages)
     else:

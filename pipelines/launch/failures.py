@@ -1,6 +1,6 @@
 """Why a compute step failed, classified in one place: an error that would recur fails once, a crash is retried.
 
-The child reports each rank's exception (pipelines.pipes_child.report_failure) and its exit code says the rest;
+The child reports each rank's exception (pipelines.launch.pipes_child.report_failure) and its exit code says the rest;
 `step_failure` turns them into Dagster's `Failure(allow_retries=False)` or a `ComputeStepCrashed` for the retry policy.
 """
 
@@ -12,7 +12,7 @@ from pathlib import Path
 
 from dagster import Failure
 
-from pipelines.pipes_child import DETERMINISTIC_EXIT
+from pipelines.launch.pipes_child import DETERMINISTIC_EXIT
 
 
 class ComputeStepCrashed(Exception):

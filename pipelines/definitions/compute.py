@@ -14,20 +14,18 @@ from typing import Iterator
 from dagster import (AssetCheckResult, AssetExecutionContext, DagsterEventType, DataVersion, MaterializeResult, PipesSubprocessClient,
                      multi_asset)
 
-from pipelines.assets import TRAINING_RETRY, base_checkpoint_spec, compute_tags, evaluation_spec
-from pipelines.checks import guard_specs
-from pipelines.promotion import promoted_model_spec
-from pipelines.params import ParamsResource, asset_key
-from pipelines.rounds import round_specs
-from pipelines.steps import run_compute
+from pipelines.definitions.specs import compute_specs
+from pipelines.launch.checks import guard_specs
+from pipelines.launch.params import ParamsResource, asset_key
+from pipelines.launch.resources import TRAINING_RETRY, compute_tags
+from pipelines.launch.steps import run_compute
 from rl_assets.core.config import Params
 from rl_assets.core.paths import flow_order, output_key
 
 
 def compute_asset(params: Params):
     """Every output that needs a model, as one op that can be subset; each keeps its own guards as blocking or warning checks."""
-    specs = [base_checkpoint_spec(params), *(spec for n in range(1, params.rounds + 1) for spec in round_specs(n, params)),
-             evaluation_spec(params), promoted_model_spec()]
+    specs = compute_specs(params)
 
     @multi_asset(
         name="compute",

@@ -52,7 +52,7 @@ def _changed_on_disk(key: AssetKey, event, data: Path, promoted: Path) -> str | 
 
 def changed_from(name: str, recorded: str | None, data: Path, promoted: Path) -> str | None:
     """Why output `name` on disk is not the one with data version `recorded` (None when it is). A retired checkpoint
-    (pipelines/retention.py) counts as the one recorded: a run that needs its files restores them first."""
+    (pipelines/storage/retention.py) counts as the one recorded: a run that needs its files restores them first."""
     from rl_assets.core.checkpoints import read_retired
     from rl_assets.core.verify import changed
 

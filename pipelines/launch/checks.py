@@ -17,7 +17,7 @@ from typing import Iterator
 
 from dagster import AssetCheckResult, AssetCheckSeverity, AssetCheckSpec, AssetKey, Failure, MaterializeResult
 
-from pipelines.pipes_child import GUARD_DESCRIPTION
+from pipelines.launch.pipes_child import GUARD_DESCRIPTION
 from rl_assets.core.config import Params
 from rl_assets.eval.output_guards import GuardFailed, GuardResult, evaluate_guards, guard_table, stop_if_blocked
 from rl_assets.core.paths import asset_key_path, output_key

@@ -1,6 +1,6 @@
 """A remote for everything a run makes, so a lost machine loses nothing and a fresh one continues or serves.
 
-What goes to the remote (`storage.remote`, or DVC's default remote), by pipelines/dvc_remote.py under DVC's Python:
+What goes to the remote (`storage.remote`, or DVC's default remote), by pipelines/records/dvc_remote.py under DVC's Python:
 - every DVC-tracked output in dvc.lock, as DVC's content-addressed objects (`dvc pull` reads them; nothing is sent twice);
 - the files a run needs beside them: carried optimizer moments (data/run_state), training states saved mid-round
   (data/rNN/*_state, train.save_steps), promoted model versions and their history (models/), retired checkpoints' cards;
@@ -23,16 +23,19 @@ import subprocess
 import threading
 from pathlib import Path
 
+from dagster import AssetKey
+
 from rl_assets.core.config import Params
+from rl_assets.core.graph import unroll
 from rl_assets.core.run_params import StorageParams
-from rl_assets.core.paths import DATA, output_key
+from rl_assets.core.paths import DATA, asset_key_path, output_key
 from rl_assets.core.storage import atomic_path
 
 NAME = "storage"  # the DVC remote that `storage.remote` configures
 FOLDER = Path(".rl_assets") / "remote"
 LEDGER = FOLDER / "ledger.json"  # what Dagster recorded of each output, for the next push (written by the run's processes)
-RECORD = FOLDER / "pushed.json"  # the last push's summary and the files this machine sent (pipelines/dvc_remote.py)
-HELPER = Path(__file__).with_name("dvc_remote.py")
+RECORD = FOLDER / "pushed.json"  # the last push's summary and the files this machine sent (pipelines/records/dvc_remote.py)
+HELPER = Path(__file__).parents[1] / "records" / "dvc_remote.py"
 PULLED_TAG = "rl_assets/pulled"
 
 
@@ -86,7 +89,7 @@ def remote_name(storage: StorageParams) -> str | None:
 
 
 def _helper_python() -> str:
-    from pipelines.dvc import dvc_executable, dvc_python
+    from pipelines.records.dvc import dvc_executable, dvc_python
 
     python = dvc_python(dvc) if (dvc := dvc_executable()) else None
     if python is None:
@@ -95,10 +98,10 @@ def _helper_python() -> str:
 
 
 def _helper(request: dict, background: bool = False) -> dict:
-    """Run pipelines/dvc_remote.py with `request`; its answer, or (background) nothing, leaving it to run at nice 19."""
-    from pipelines.dvc import LOW_PRIORITY
+    """Run pipelines/records/dvc_remote.py with `request`; its answer, or (background) nothing, leaving it to run at nice 19."""
+    from pipelines.records.dvc import LOW_PRIORITY
 
-    # -I: not the script's folder on sys.path, where pipelines/dvc.py would shadow the dvc package
+    # -I: not the script's folder on sys.path, where pipelines/records/dvc.py would shadow the dvc package
     command = [*LOW_PRIORITY, _helper_python(), "-I", str(HELPER)]
     if background:
         FOLDER.mkdir(parents=True, exist_ok=True)
@@ -111,7 +114,7 @@ def _helper(request: dict, background: bool = False) -> dict:
     try:
         answer = json.loads(done.stdout.strip().splitlines()[-1])
     except (IndexError, ValueError):
-        raise RemoteError(f"pipelines/dvc_remote.py failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}") from None
+        raise RemoteError(f"pipelines/records/dvc_remote.py failed (exit {done.returncode}): {done.stderr.strip()[-2000:]}") from None
     if "error" in answer:
         raise RemoteError(answer["error"])
     return answer
@@ -133,7 +136,7 @@ def project_files(data: Path = DATA, models: Path = Path("models")) -> dict:
 def ledger(instance, keys) -> dict[str, dict]:
     """{output key: what Dagster recorded of its latest materialization} for the outputs of `keys` whose blocking guards
     passed (one whose guards did not is made again wherever the run continues)."""
-    from pipelines.outdated import missed_guards, passed_checks
+    from pipelines.records.outdated import missed_guards, passed_checks
     from rl_assets.eval.output_guards import guard_table
 
     events = instance.get_latest_materialization_events(list(keys))
@@ -151,16 +154,11 @@ def ledger(instance, keys) -> dict[str, dict]:
     return entries
 
 
-def default_keys():
-    """The asset keys of the default experiment's graph (dvc.yaml's), from the code location."""
-    from pipelines.definitions import defs
-
-    return [spec.key for spec in defs().resolve_all_asset_specs()]
-
-
-def write_ledger(instance) -> None:
+def write_ledger(instance, params: Params) -> None:
+    """The ledger of the default experiment's graph (dvc.yaml's): every output of `params`'s stage graph."""
+    keys = [AssetKey(asset_key_path(output.key, "default")) for output in unroll(params)]
     with atomic_path(LEDGER) as tmp:
-        tmp.write_text(json.dumps(ledger(instance, default_keys()), sort_keys=True))
+        tmp.write_text(json.dumps(ledger(instance, keys), sort_keys=True))
 
 
 def _request(name: str, params: Params, wait: bool) -> dict:
@@ -179,7 +177,7 @@ def push(instance, params: Params, wait: bool = True, follower=None) -> dict | N
     name = remote_name(params.storage)
     if name is None:
         return None
-    write_ledger(instance)
+    write_ledger(instance, params)
     if not wait and follower is not None and follower.push(_request(name, params, wait=True)):
         return {}
     return _helper(_request(name, params, wait), background=not wait)
@@ -194,7 +192,7 @@ def push_files(params: Params, follower=None) -> None:
 
 def pushes_during_run(params: Params) -> bool:
     """Whether a run's steps push as they go (storage.push output or round, a remote, DVC recording the run)."""
-    from pipelines.dvc import recording_enabled
+    from pipelines.records.dvc import recording_enabled
 
     try:
         return (params.experiment == "default" and params.storage.push in ("output", "round") and recording_enabled()
@@ -255,7 +253,7 @@ def summary(pushed: dict | None) -> str:
 def pull(instance, params: Params, say=print) -> dict:
     """Make this project what the remote holds: dvc.lock, the outputs, run state and promoted models, and Dagster's record
     of each output (so `rl-assets run` continues where the pushing machine stopped)."""
-    from pipelines.dvc import dvc_executable, dvc_message, load_yaml, prune_lock
+    from pipelines.records.dvc import dvc_executable, dvc_message, load_yaml, prune_lock
 
     name = remote_name(params.storage)
     if name is None:
@@ -302,7 +300,7 @@ def import_ledger(instance, entries: dict[str, dict], url: str, models: Path) ->
     outputs reported. One not on disk (not pushed, a failed pull) stays unmade here: `rl-assets run` makes it."""
     from dagster import AssetCheckEvaluation, AssetKey, AssetMaterialization
 
-    from pipelines.outdated import DATA_VERSION, changed_from
+    from pipelines.records.outdated import DATA_VERSION, changed_from
     from rl_assets.core.paths import asset_key_path
 
     imported = []

@@ -90,7 +90,7 @@ def disk_use(paths: list[Path]) -> int:
 
 def retire(params: Params, keep: int, dry_run: bool = False, from_remote: bool = False, instance=None, say=print) -> dict:
     """Retire what `kept_checkpoints` leaves out; what it did (or, with `dry_run`, would do)."""
-    from pipelines import remote
+    from pipelines.storage import remote
 
     models = Path(params.promotion.directory)
     if params.experiment != "default":
@@ -143,8 +143,8 @@ def retire(params: Params, keep: int, dry_run: bool = False, from_remote: bool =
 
 def restore(key: str, params: Params, say=print) -> bool:
     """Bring a retired output's files back from the remote; whether they are back, as recorded."""
-    from pipelines import remote
-    from pipelines.dvc import dvc_executable, dvc_message
+    from pipelines.storage import remote
+    from pipelines.records.dvc import dvc_executable, dvc_message
     from rl_assets.core.verify import changed
 
     path = output_path(key, DATA)
@@ -164,7 +164,7 @@ def restore(key: str, params: Params, say=print) -> bool:
 
 
 def needed_again(reasons: dict, specs, params: Params, say=print) -> dict:
-    """`reasons` (pipelines/outdated.py) plus every retired output a step that runs reads, restored from the remote where one
+    """`reasons` (pipelines/records/outdated.py) plus every retired output a step that runs reads, restored from the remote where one
     holds it, else made again."""
     from rl_assets.core.paths import flow_order, output_key
 

@@ -1,7 +1,7 @@
 """Commit several DVC stages with one read of dvc.yaml and one rewrite of dvc.lock; run by the DVC venv's Python.
 
-    .venv-dvc/bin/python pipelines/dvc_commit.py r01-rollouts r01-rewards r01-checkpoint
-    .venv-dvc/bin/python pipelines/dvc_commit.py --follow     stage names on stdin, one a line, then END
+    .venv-dvc/bin/python pipelines/records/dvc_commit.py r01-rollouts r01-rewards r01-checkpoint
+    .venv-dvc/bin/python pipelines/records/dvc_commit.py --follow     stage names on stdin, one a line, then END
 
 `dvc commit --force A B C` reads both files and rewrites dvc.lock once per stage, almost all of its CPU DVC's
 YAML round trip. This does what that command does for each stage
@@ -9,8 +9,8 @@ YAML round trip. This does what that command does for each stage
 
 With --follow it commits each stage the moment its name arrives, while the step that wrote it still runs, and writes
 dvc.lock once, after END; stdin closing without END (the step was killed) leaves dvc.lock as it was. With --follow --push
-(a run that pushes to a remote as it goes: pipelines/remote.py), a line `PUSH <request>` writes the stages committed so
-far into dvc.lock, then pushes their objects, the project's state files and the state (pipelines/dvc_remote.py's push),
+(a run that pushes to a remote as it goes: pipelines/storage/remote.py), a line `PUSH <request>` writes the stages committed so
+far into dvc.lock, then pushes their objects, the project's state files and the state (pipelines/records/dvc_remote.py's push),
 in this process: no second DVC start per push, and the stage names before it on stdin are committed by then. Outputs are
 not relinked from the cache (`dvc commit --no-relink`): the step's child may be reading them, and with the default
 copy cache a relink rewrote every file. Prints {stage: null, or the error that stopped its commit} as one JSON line.
@@ -20,7 +20,7 @@ params.yaml, but a run with `--set` or another params file made these outputs wi
 later `dvc repro` "Stage is cached - skipping run" and checked out outputs that other params made, recording params.yaml's
 values beside them. Without it, `dvc repro` runs a stage whose recorded params differ, as it should.
 
-It imports dvc, so it runs only in DVC's environment and imports nothing of this project (see pipelines/dvc.py).
+It imports dvc, so it runs only in DVC's environment and imports nothing of this project (see pipelines/records/dvc.py).
 """
 
 import json
@@ -76,7 +76,7 @@ def commit(names, follow: bool = False, pushes: bool = False) -> dict[str, str |
 
 
 def _remote_helper():
-    """pipelines/dvc_remote.py, loaded by path: this script runs with -I, so its folder is not on sys.path."""
+    """pipelines/records/dvc_remote.py, loaded by path: this script runs with -I, so its folder is not on sys.path."""
     import importlib.util
 
     spec = importlib.util.spec_from_file_location("rl_assets_dvc_remote", Path(__file__).with_name("dvc_remote.py"))

@@ -1,10 +1,10 @@
 """A compute step as a Slurm job: submitted with sbatch, its log relayed while it runs, its end as the step's exit code.
 
-    python -m pipelines.slurm_job --folder DIR [--job-name NAME] [--nodes N] [--gpus-per-node G] [--partition P] [--time T]
+    python -m pipelines.launch.slurm_job --folder DIR [--job-name NAME] [--nodes N] [--gpus-per-node G] [--partition P] [--time T]
                                   [--cpus-per-task C] [--mem M] [--no-requeue] [--sbatch-arg=--account=ml ...] [--heartbeat S]
                                   -- COMMAND ...
 
-What a compute step launches in place of its child under `compute.executor: slurm` (pipelines.steps.compute_command).
+What a compute step launches in place of its child under `compute.executor: slurm` (pipelines.launch.steps.compute_command).
 The job runs COMMAND (the Pipes child, under torchrun when it has several processes) once per node through srun,
 in the folder this was started from, with this process's environment (sbatch --export=ALL: the Pipes variables
 included). The child's messages reach Dagster through files in the project (`compute.slurm.shared_dir`), so the
@@ -12,13 +12,13 @@ nodes must see the project at the same path, as they see data/. With several nod
 job's first node (PET_RDZV_ENDPOINT) unless compute.rdzv_endpoint names one.
 
 - Rejected by Slurm (no such partition, a time limit above the partition's): sbatch's reason is printed and left as
-  the step's error record (pipelines.failures), and the step fails without retries.
+  the step's error record (pipelines.launch.failures), and the step fails without retries.
 - SIGINT or SIGTERM (the Dagster run was cancelled): the job is cancelled (`scancel`); this waits for it to end.
 - SIGKILL, or a lost login node (nothing here can cancel the job then): this process rewrites the file `launcher.beat` in
   the step's folder every `--heartbeat` seconds, and the job's script watches it beside srun: unchanged for more
   than MISSED_BEATS heartbeats, the job cancels itself. The folder is shared with the nodes, as the job's log is.
 - Requeued (a preemption, a failed node, `scontrol requeue`): the job starts again and its child continues after
-  the outputs the first attempt reported (their journal is the file RL_ASSETS_REPORTED: pipelines.pipes_child).
+  the outputs the first attempt reported (their journal is the file RL_ASSETS_REPORTED: pipelines.launch.pipes_child).
 - Any end but COMPLETED: the state, Slurm's reason and the exit code on stderr and in the error record; a crash
   (a node failure, a preemption, the time limit) is retried by the step's retry policy, as a killed local child is.
 
@@ -41,7 +41,7 @@ import threading
 import time
 from pathlib import Path
 
-from pipelines.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV, REPORTED_ENV
+from pipelines.launch.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV, REPORTED_ENV
 
 ENDED = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "PREEMPTED", "OUT_OF_MEMORY", "BOOT_FAIL", "DEADLINE",
          "SPECIAL_EXIT", "REVOKED"}
@@ -58,7 +58,7 @@ def batch_script(command: list[str], nodes: int, beat: Path, heartbeat: float) -
     launcher's host and the job's node need not agree, and reading opens the file, which a shared filesystem revalidates.
     """
     stale = math.ceil(MISSED_BEATS * heartbeat)
-    lines = ["#!/bin/bash", "# Written by rl-assets (pipelines/slurm_job.py) for one compute step."]
+    lines = ["#!/bin/bash", "# Written by rl-assets (pipelines/launch/slurm_job.py) for one compute step."]
     if nodes > 1:  # torchrun reads PET_<OPTION> for an option not on its command line
         lines.append(f'export PET_RDZV_ENDPOINT="${{PET_RDZV_ENDPOINT:-$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1):'
                      f'{RENDEZVOUS_PORT}}}"')
@@ -128,7 +128,7 @@ def exit_code(state: dict[str, str]) -> int:
 
 
 def leave_record(kind: str, message: str) -> None:
-    """The step's error record (pipelines.failures.error_records) unless the child left its own, which says more."""
+    """The step's error record (pipelines.launch.failures.error_records) unless the child left its own, which says more."""
     directory = os.environ.get(ERROR_DIR_ENV)
     if not directory or any(Path(directory).glob("rank*.json")):
         return
@@ -154,7 +154,7 @@ class Relay:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m pipelines.slurm_job", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m pipelines.launch.slurm_job", description=__doc__.split("\n\n")[0])
     parser.add_argument("--folder", type=Path, required=True, help="the step's folder for the job's script, log and journal")
     parser.add_argument("--job-name", default="rl-assets")
     parser.add_argument("--nodes", type=int, default=1)

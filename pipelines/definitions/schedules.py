@@ -10,7 +10,7 @@ from pathlib import Path
 
 from dagster import DefaultScheduleStatus, DefaultSensorStatus, RunRequest, ScheduleDefinition, SensorEvaluationContext, SkipReason, sensor
 
-from pipelines.params import load_project_params
+from pipelines.launch.params import load_project_params
 from rl_assets.core.config import Params
 from rl_assets.core.storage import content_hash
 

@@ -1,7 +1,7 @@
 """Compute outputs as a Dagster Pipes child process (what the compute assets launch).
 
-    python -m pipelines.pipes_child KEY [KEY ...] [--params params.yaml] [--set k=v]
-    python -m torch.distributed.run --standalone --nproc_per_node=N -m pipelines.pipes_child r01/checkpoint
+    python -m pipelines.launch.pipes_child KEY [KEY ...] [--params params.yaml] [--set k=v]
+    python -m torch.distributed.run --standalone --nproc_per_node=N -m pipelines.launch.pipes_child r01/checkpoint
 
 Writes the outputs in flow order in this one process, the models kept loaded (rl_assets.run.resident).
 Rank 0 (across machines joined by c10d, the lowest rank of the launcher Dagster started, which the rendezvous may
@@ -17,7 +17,7 @@ A step that raises says whether a retry could help. The child prints the traceba
 exits with DETERMINISTIC_EXIT (the same inputs would fail again: bad params, data or state, a shape
 error, a reward that raises, any bug) or TRANSIENT_EXIT (out of device memory, a collective or network
 that timed out or lost a peer). A process killed by a signal (the OOM killer, a preemption) writes
-nothing. `pipelines.failures.step_failure` turns the verdict into Dagster's retry decision.
+nothing. `pipelines.launch.failures.step_failure` turns the verdict into Dagster's retry decision.
 
 A child whose launcher dies by SIGKILL (the step process, torchrun's agent), which could not stop it, exits within a
 second (rl_assets.run.process.exit_with_launcher).
@@ -29,6 +29,8 @@ reported to that file, and a child that finds the file continues after the outpu
 from __future__ import annotations
 
 import atexit
+import contextlib
+import functools
 import json
 import logging
 import os
@@ -39,7 +41,7 @@ from pathlib import Path
 
 ERROR_DIR_ENV = "RL_ASSETS_ERROR_DIR"
 PIPES_CONTEXT_ENV = "DAGSTER_PIPES_CONTEXT"  # set by Dagster in the environment of the process it launched
-REPORTED_ENV = "RL_ASSETS_REPORTED"  # a journal of the outputs reported, for a job that may restart (pipelines.slurm_job)
+REPORTED_ENV = "RL_ASSETS_REPORTED"  # a journal of the outputs reported, for a job that may restart (pipelines.launch.slurm_job)
 DETERMINISTIC_EXIT = 65  # sysexits EX_DATAERR: retrying cannot help
 TRANSIENT_EXIT = 75  # sysexits EX_TEMPFAIL: a retry may succeed
 GUARD_DESCRIPTION = "rl_assets/description"  # a guard's verdict text (report_asset_check takes no description)
@@ -159,16 +161,11 @@ def data_version(output: Path) -> str:
 def run(argv: list[str] | None = None) -> int:
     from rl_assets.run.process import exit_with_launcher
 
-    exit_with_launcher(launched=PIPES_CONTEXT_ENV in os.environ)  # first: a launcher killed from here on is noticed
-    from dagster_pipes import open_dagster_pipes
-
+    launched = PIPES_CONTEXT_ENV in os.environ
+    exit_with_launcher(launched=launched)  # first: a launcher killed from here on is noticed
     from rl_assets.run import step
-    from rl_assets.core.paths import asset_key_path
-    from rl_assets.run.process import as_on_rank_0, quiet_step, reporting_rank, start_distributed, stop_distributed
-    from rl_assets.eval.output_guards import evaluate_guards
-    from rl_assets.run.resident import write_outputs
 
-    args, params = step.parse_args(argv, prog="python -m pipelines.pipes_child")
+    args, params = step.parse_args(argv, prog="python -m pipelines.launch.pipes_child")
     journal = Path(os.environ[REPORTED_ENV]) if os.environ.get(REPORTED_ENV) and args.stage is None else None
     if journal is not None and journal.is_file():  # a requeued Slurm job: its first attempt reported these
         reported = set(journal.read_text().split())
@@ -178,27 +175,29 @@ def run(argv: list[str] | None = None) -> int:
         args.outputs = outputs
         if not outputs:
             return 0
-    quiet_step()
-    rank = start_distributed(params)
-    outputs = write_outputs(args.outputs, params)
-    if rank == reporting_rank(launched=PIPES_CONTEXT_ENV in os.environ):  # the process Dagster started reports
-        with open_dagster_pipes() as pipes:  # an exception is also reported through Pipes (the run's event log)
-            for output in as_on_rank_0(outputs):
-                if rank != 0:  # rank 0 may be another machine's `rl_assets.run.step`, which runs no guards: they run here
-                    output.guards = evaluate_guards(output.key, params)
-                key = "/".join(asset_key_path(output.key, params.experiment))  # the experiment's own asset (paths.asset_key_path)
-                pipes.report_asset_materialization(asset_key=key, metadata=output.metadata, data_version=data_version(output.path))
-                for guard in output.guards:
-                    pipes.report_asset_check(check_name=guard.name, passed=guard.passed, severity="ERROR" if guard.blocking else "WARN",
-                                             metadata={**guard.metadata, GUARD_DESCRIPTION: guard.description}, asset_key=key)
-                if journal is not None:
-                    with journal.open("a") as lines:
-                        lines.write(output.key + "\n")
-    else:
-        for _ in as_on_rank_0(outputs):
-            pass
-    stop_distributed()
-    return 0
+    return step.run(args, params, functools.partial(to_dagster, journal=journal), launched=launched)
+
+
+@contextlib.contextmanager
+def to_dagster(params, journal: Path | None = None):
+    """The reporter of a Dagster step: each output as a materialization of the experiment's own asset, with its content hash as
+    the data version and its guards' verdicts as asset checks; with a `journal`, each reported key appended to it."""
+    from dagster_pipes import open_dagster_pipes
+
+    from rl_assets.core.paths import asset_key_path
+
+    with open_dagster_pipes() as pipes:  # an exception is also reported through Pipes (the run's event log)
+        def report(output) -> None:
+            key = "/".join(asset_key_path(output.key, params.experiment))  # the experiment's own asset (paths.asset_key_path)
+            pipes.report_asset_materialization(asset_key=key, metadata=output.metadata, data_version=data_version(output.path))
+            for guard in output.guards:
+                pipes.report_asset_check(check_name=guard.name, passed=guard.passed, severity="ERROR" if guard.blocking else "WARN",
+                                         metadata={**guard.metadata, GUARD_DESCRIPTION: guard.description}, asset_key=key)
+            if journal is not None:
+                with journal.open("a") as lines:
+                    lines.write(output.key + "\n")
+
+        yield report
 
 
 def main(argv: list[str] | None = None) -> int:

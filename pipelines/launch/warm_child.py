@@ -3,7 +3,7 @@
 A compute child spends 3-4 s importing torch, transformers and TRL before it writes anything. A CLI run
 whose selection needs a compute step starts one child up front (`WarmChild`): it imports those modules
 while Dagster creates the run and the raw_data and prompts steps run, then waits. The compute step hands
-it its command (`take`), which it runs as `python -m pipelines.pipes_child` would, with the step's stdin,
+it its command (`take`), which it runs as `python -m pipelines.launch.pipes_child` would, with the step's stdin,
 stdout, stderr, working directory and environment; the step waits on it as on a child of its own.
 
 Only a plain one-process child command is handed over (no torchrun or accelerate launcher), only once
@@ -28,11 +28,11 @@ import threading
 import time
 from pathlib import Path
 
-from pipelines.pipes_child import ERROR_DIR_ENV
+from pipelines.launch.pipes_child import ERROR_DIR_ENV
 
 WARM_CHILD_ENV = "RL_ASSETS_WARM_CHILD"  # the warm child's folder: its socket and, once it has exited, its exit status
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}  # every compute child's, the warm one's from the start
-PIPES_CHILD = ["-m", "pipelines.pipes_child"]
+PIPES_CHILD = ["-m", "pipelines.launch.pipes_child"]
 # What may differ between the warm child's environment and the step's: set per step, and read at run time, not on import.
 PER_STEP = {WARM_CHILD_ENV, "DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES", ERROR_DIR_ENV}
 ACCEPT_SECONDS = 120.0  # how long a step waits for the warm child to finish its imports and take the command
@@ -47,7 +47,7 @@ class WarmChild:
         listener.bind(str(self.folder / "socket"))
         listener.listen(1)  # bound before the child starts: a step that comes early waits in the backlog, never refused
         with listener:
-            command = [sys.executable, "-m", "pipelines.warm_child", str(listener.fileno()), str(os.getpid())]
+            command = [sys.executable, "-m", "pipelines.launch.warm_child", str(listener.fileno()), str(os.getpid())]
             self.process = subprocess.Popen(command, pass_fds=[listener.fileno()], env={**os.environ, **CHILD_ENV}, stdin=subprocess.DEVNULL)
         self.reaper = threading.Thread(target=self._reap, daemon=True)
         self.reaper.start()
@@ -169,7 +169,7 @@ def serve(listener: socket.socket, parent: int) -> int:
             os.environ[name] = request["env"][name]
         else:
             del os.environ[name]
-    from pipelines import pipes_child
+    from pipelines.launch import pipes_child
 
     sys.argv = [pipes_child.__file__, *request["argv"][3:]]
     return pipes_child.main(request["argv"][3:])
@@ -197,6 +197,6 @@ def _wait_for_command(listener: socket.socket, parent: int):
 
 
 if __name__ == "__main__":
-    from pipelines.pipes_child import leave
+    from pipelines.launch.pipes_child import leave
 
     leave(serve(socket.socket(fileno=int(sys.argv[1])), parent=int(sys.argv[2])))

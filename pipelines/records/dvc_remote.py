@@ -1,6 +1,6 @@
 """Move the project to and from its DVC remote; run by the DVC venv's Python, one JSON request on stdin, one JSON line out.
 
-    .venv-dvc/bin/python -I pipelines/dvc_remote.py < request.json
+    .venv-dvc/bin/python -I pipelines/records/dvc_remote.py < request.json
 
 Requests (`action`):
     configure  {name, url, endpoint_url}       the remote in .dvc/config.local, as `dvc remote add --local -f` would
@@ -8,7 +8,7 @@ Requests (`action`):
                every DVC-tracked output in dvc.lock whose objects are in the cache (content-addressed: an object already on the
                remote is not sent again), then the project files outside DVC (`files`: run state, mid-round training states,
                promoted model versions, retired checkpoints' cards) under <remote>/rl-assets/files/, then the state (dvc.lock and
-               Dagster's record of each output, the `ledger` file: pipelines/remote.py) as <remote>/rl-assets/state.json, last, so a state never
+               Dagster's record of each output, the `ledger` file: pipelines/storage/remote.py) as <remote>/rl-assets/state.json, last, so a state never
                names what is not there yet.
     get-state  {remote}                        the state as pushed, or null
     get-files  {remote}                        the files of the last push, into the project (a state folder's json last)
@@ -19,7 +19,7 @@ waiting for it exits: that one reads the newest state when its turn comes. The D
 objects are sent (DVC's `push` holds it throughout, which would fail the step's `dvc commit` beside a long upload): the
 objects come from the cache, which only grows while a run writes.
 
-It imports dvc, so it runs only in DVC's environment and imports nothing of this project (see pipelines/dvc.py).
+It imports dvc, so it runs only in DVC's environment and imports nothing of this project (see pipelines/records/dvc.py).
 """
 
 import fcntl

@@ -2,9 +2,9 @@
 
 Both paths end the same way: the output's content hash (a checkpoint's id) becomes the Dagster data
 version, the stage is recorded in `dvc.lock` so `dvc status` agrees with what Dagster just
-materialized, and the asset's guards run in the same step (pipelines/checks.py). Asset bodies
-`yield from` them. The params (pipelines.params), the message reader (pipelines.pipes_reader) and
-the failure classification (pipelines.failures) are modules of their own.
+materialized, and the asset's guards run in the same step (pipelines/launch/checks.py). Asset bodies
+`yield from` them. The params (pipelines.launch.params), the message reader (pipelines.launch.pipes_reader) and
+the failure classification (pipelines.launch.failures) are modules of their own.
 """
 
 from __future__ import annotations
@@ -24,14 +24,14 @@ from typing import Iterator
 from dagster import (AssetCheckResult, AssetExecutionContext, DagsterError, DagsterExecutionInterruptedError, DataVersion, MaterializeResult,
                      PipesSubprocessClient, open_pipes_session)
 
-from pipelines.checks import check_result, guarded
-from pipelines import remote
-from pipelines.dvc import JournalFollower, record_in_dvc, record_journal
-from pipelines.failures import ComputeStepCrashed, error_records, step_failure
-from pipelines.params import ParamsResource, asset_key, tag_run
-from pipelines.pipes_child import ERROR_DIR_ENV
-from pipelines.pipes_reader import message_reader
-from pipelines.warm_child import CHILD_ENV, PIPES_CHILD, take
+from pipelines.launch.checks import check_result, guarded
+from pipelines.storage import remote
+from pipelines.records.dvc import JournalFollower, record_in_dvc, record_journal
+from pipelines.launch.failures import ComputeStepCrashed, error_records, step_failure
+from pipelines.launch.params import ParamsResource, asset_key, tag_run
+from pipelines.launch.pipes_child import ERROR_DIR_ENV
+from pipelines.launch.pipes_reader import message_reader
+from pipelines.launch.warm_child import CHILD_ENV, PIPES_CHILD, take
 from rl_assets.core.config import Params
 from rl_assets.core.run_params import ComputeParams
 from rl_assets.core.paths import dvc_stage_name, output_key, stage_of
@@ -40,7 +40,7 @@ from rl_assets.core.storage import content_hash
 
 
 def compute_command(keys: list[str], resolved_params: str, compute: ComputeParams) -> list[str]:
-    """The child command that writes `keys`: `python -m pipelines.pipes_child KEY … --resolved-params FILE`, or the same under a launcher.
+    """The child command that writes `keys`: `python -m pipelines.launch.pipes_child KEY … --resolved-params FILE`, or the same under a launcher.
 
     torchrun when a training output uses several processes (with c10d rendezvous across `nnodes` machines), or
     `accelerate launch` with the user's config file (DeepSpeed, FSDP, …) when `compute.accelerate_config` is set.
@@ -52,7 +52,7 @@ def compute_command(keys: list[str], resolved_params: str, compute: ComputeParam
     if compute.accelerate_config:
         return [sys.executable, "-m", "accelerate.commands.launch", "--config_file", compute.accelerate_config,
                 "--num_processes", str(compute.nproc * compute.nnodes), "--num_machines", str(compute.nnodes), *args]
-    if compute.nnodes > 1:  # under Slurm without an endpoint, the job's script names its first node (pipelines.slurm_job)
+    if compute.nnodes > 1:  # under Slurm without an endpoint, the job's script names its first node (pipelines.launch.slurm_job)
         rendezvous = ["--nnodes", str(compute.nnodes), "--rdzv_backend", "c10d", *(["--rdzv_endpoint", compute.rdzv_endpoint] if
                       compute.rdzv_endpoint else []), "--rdzv_id", f"rl-assets-{dvc_stage_name(keys[-1])}"]
         return [sys.executable, "-m", "torch.distributed.run", *rendezvous, f"--nproc_per_node={compute.nproc}", *args]
@@ -62,11 +62,11 @@ def compute_command(keys: list[str], resolved_params: str, compute: ComputeParam
 
 
 def slurm_command(command: list[str], keys: list[str], compute: ComputeParams, folder: Path) -> list[str]:
-    """`command` as a Slurm job (pipelines.slurm_job): the step's nodes and GPUs, and compute.slurm's options."""
+    """`command` as a Slurm job (pipelines.launch.slurm_job): the step's nodes and GPUs, and compute.slurm's options."""
     slurm = compute.slurm
     options = {"--partition": slurm.partition, "--time": slurm.time_limit, "--cpus-per-task": slurm.cpus_per_task or "", "--mem": slurm.mem,
                "--gpus-per-node": compute.gpus_per_step or ""}
-    return [sys.executable, "-m", "pipelines.slurm_job", "--folder", str(folder), "--job-name",
+    return [sys.executable, "-m", "pipelines.launch.slurm_job", "--folder", str(folder), "--job-name",
             f"rl-assets {keys[0]}" + (f"..{keys[-1]}" if len(keys) > 1 else ""), "--nodes", str(compute.nnodes), "--poll", str(slurm.poll_seconds),
             "--heartbeat", str(slurm.heartbeat_seconds),
             *(f"{option}={value}" for option, value in options.items() if value), *([] if slurm.requeue else ["--no-requeue"]),
@@ -103,15 +103,15 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
 
     One resident child writes them all (`resident`), else one child per output, each under its own launcher. DVC's
     Python commits each output's stage as it is reported, at nice 19, and dvc.lock is written once at the end (a
-    `dvc commit` per output beside the training child slowed it: pipelines/dvc.py). A child stopped by a failed blocking guard, or by an error that
+    `dvc commit` per output beside the training child slowed it: pipelines/records/dvc.py). A child stopped by a failed blocking guard, or by an error that
     would recur, fails the step without retries; a crash or a transient error fails it for the retry policy.
     """
     tag_run(context, params)
     loaded = params.load()
     context.log.info(f"params: {params.path}" + "".join(f" --set {override}" for override in params.overrides))
     batches = [keys] if resident(loaded.compute) else [[key] for key in keys]
-    pushing = remote.pushes_during_run(loaded)  # each output (or round) to the remote as it is recorded (pipelines/remote.py)
-    follower = JournalFollower(pushes=pushing)  # commits each output's DVC stage while the child goes on (pipelines/dvc.py)
+    pushing = remote.pushes_during_run(loaded)  # each output (or round) to the remote as it is recorded (pipelines/storage/remote.py)
+    follower = JournalFollower(pushes=pushing)  # commits each output's DVC stage while the child goes on (pipelines/records/dvc.py)
     watcher = remote.SnapshotWatcher(loaded, follower) if pushing else None
     scratch = scratch_dir(loaded.compute)
     resolved = resolved_params_file(loaded, scratch)
@@ -161,7 +161,7 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
         with open_pipes_session(context=context, context_injector=pipes.context_injector, message_reader=message_reader(pipes, scratch)) as session:
             env = {**os.environ, **env, **session.get_bootstrap_env_vars()}
             asked = time.perf_counter()
-            process, why_not = take(command, pipes.cwd, env)  # the child the CLI started ahead (pipelines/warm_child.py)
+            process, why_not = take(command, pipes.cwd, env)  # the child the CLI started ahead (pipelines/launch/warm_child.py)
             if process is None:
                 context.log.debug(f"a fresh child: {why_not}")
                 process = subprocess.Popen(command, cwd=pipes.cwd, env=env)

@@ -1,16 +1,17 @@
 """reward_model: a reward model trained from preference pairs, when params.yaml has a `reward_model` section.
 
 Reward functions named `reward_model` then score with it, and every rNN/rewards depends on it
-(see rounds.py), so retraining it rescores every round without resampling.
+(rl_assets.core.graph), so retraining it rescores every round without resampling.
 """
 
 from typing import Iterator
 
 from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, PipesSubprocessClient, asset
 
-from pipelines.assets import compute_tags, stage_tracking
-from pipelines.params import ParamsResource, asset_key
-from pipelines.steps import run_compute
+from pipelines.definitions.tracking import stage_tracking
+from pipelines.launch.params import ParamsResource, asset_key
+from pipelines.launch.resources import compute_tags
+from pipelines.launch.steps import run_compute
 from rl_assets.core.config import Params
 
 
@@ -34,8 +35,3 @@ def reward_model_asset(params: Params) -> AssetsDefinition | None:
         yield from run_compute(context, pipes, params, ["reward_model"])
 
     return reward_model
-
-
-def uses_reward_model(params: Params) -> bool:
-    """Whether a reward function scores with the trained reward model (its rewards then depend on the asset)."""
-    return params.reward_model is not None and any(f.name == "reward_model" for f in params.rewards.functions)
