@@ -64,7 +64,7 @@ rlhf: setup
 vision: setup
 	RL_ASSETS_PARAMS=examples/vision/params.yaml $(PY) -m pipelines run
 
-# A real pretrained chat model (examples/smollm2/params.yaml): SmolLM2-135M-Instruct, 4 GRPO rounds, 11 minutes on a 2-core CPU.
+# A real pretrained chat model (examples/smollm2/params.yaml): SmolLM2-135M-Instruct, 4 GRPO rounds (its time: docs/benchmarks.md).
 real: setup $(REAL_MODEL)/import.json
 	RL_ASSETS_PARAMS=examples/smollm2/params.yaml $(PY) -m pipelines run
 
@@ -72,7 +72,7 @@ real: setup $(REAL_MODEL)/import.json
 PYTEST_PARALLEL := -n auto --maxprocesses 4 --dist loadfile
 
 test: setup browser sandbox slurm $(REAL_MODEL_WHEEL) .venv-docs/.installed
-	$(PY) -m pytest -q $(PYTEST_PARALLEL)
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
 # The edit loop: unit tests and doctests, no pipeline, benchmark or real-model runs (those are marked e2e).
 test-fast: setup sandbox .venv-docs/.installed

@@ -259,7 +259,8 @@ def latest_run(experiment: str | None = None) -> dict | None:
                 "started": local_time(record.start_time), "ended": local_time(record.end_time),
                 "failed_checks": [f"{output_key(c.asset_key.path)}:{c.check_name}" for c in checks if not c.passed],
                 "experiment": tags.get("rl_assets/experiment"), "params_file": tags.get("rl_assets/params_file"),
-                "overrides": [o for o in tags.get("rl_assets/overrides", "").split(";") if o], "params_hash": tags.get("rl_assets/params_hash")}
+                "overrides": [o for o in tags.get("rl_assets/overrides", "").split(";") if o], "params_hash": tags.get("rl_assets/params_hash"),
+                "run_spec": tags.get("rl_assets/run_spec")}
 
 
 def local_time(seconds: float | None) -> str | None:
@@ -298,6 +299,16 @@ def run_params(run: dict | None):
 
     if not run or not run.get("params_file"):
         return load_project_params(), None
+    spec = run.get("run_spec")
+    if spec and Path(spec).is_file():  # exactly what the run used (rl_assets.core.run_spec), whatever the file says now
+        from rl_assets.core.run_spec import read_run_spec
+
+        used = read_run_spec(spec).params
+        try:
+            same = load_params(run["params_file"], run["overrides"]).section_hash(*Params.model_fields) == run["params_hash"]
+        except ParamsError:
+            same = False
+        return used, None if same else f"{run['params_file']} has changed since the latest run; showing what it ran with ({spec})"
     try:
         params = load_params(run["params_file"], run["overrides"])
     except ParamsError as error:
@@ -427,10 +438,14 @@ def main(argv=None) -> int:
     try:  # fail on a bad params file, user code that does not load, a missing data source or a model that misfits its tokenizer before a run starts
         params = load_project_params()
         if args.command in ("run", "materialize"):
-            from pipelines.launch.params import project_params
+            from pipelines.launch.params import RUN_SPEC_ENV, project_params
+            from rl_assets.core.run_spec import write_run_spec
             from rl_assets.run.preflight import preflight
 
-            preflight(params, project_params().path, getattr(args, "keys", None))
+            resource = project_params()
+            preflight(params, resource.path, getattr(args, "keys", None))
+            # Resolved once, here: every step, child and later dvc.lock record of this run reads this file, not params.yaml
+            os.environ[RUN_SPEC_ENV] = str(write_run_spec(resource.path, resource.overrides))
     except ParamsError as error:
         print(f"error: {error}", file=sys.stderr)
         return 2

@@ -1,7 +1,10 @@
 """The params of the project's runs as Dagster sees them: the resource, what a run records about them, the asset keys they shape.
 
-The file and the `--set` overrides come from the resource (editable in the launchpad), or for the code location
-from $RL_ASSETS_PARAMS and $RL_ASSETS_SET, read when asked (`project_params`), never at import.
+A run started by `rl-assets run` (or `materialize`, so each `dvc repro` stage) has a run spec
+(rl_assets.core.run_spec): its params resolved once, named by $RL_ASSETS_RUN_SPEC, which every step and child
+reads instead of the params file. A run launched from the UI or a schedule has the resource's file and `--set`
+overrides (editable in the launchpad), resolved by each step. The code location reads them when asked
+(`project_params`), never at import.
 """
 
 from __future__ import annotations
@@ -16,23 +19,32 @@ from pipelines.records.dvc import MISSING, dotted
 from rl_assets.core.config import Params
 from rl_assets.core.params_file import load_params
 from rl_assets.core.paths import asset_key_path
+from rl_assets.core.run_spec import read_run_spec
+
+RUN_SPEC_ENV = "RL_ASSETS_RUN_SPEC"
 
 
 class ParamsResource(ConfigurableResource):
-    """Which params file (and `--set` overrides) the run uses; editable in the launchpad."""
+    """Which params the run uses: its run spec when it has one, else a params file and `--set` overrides (the launchpad's)."""
 
     path: str = "params.yaml"
     overrides: list[str] = []
+    spec: str = ""  # a run spec's path: params resolved once; `path` and `overrides` then say where they came from
 
     def load(self) -> Params:
-        return load_params(self.path, self.overrides)
+        return read_run_spec(self.spec).params if self.spec else load_params(self.path, self.overrides)
 
 
 def project_params() -> ParamsResource:
-    """The project's params as this process was asked for them: $RL_ASSETS_PARAMS and the `--set` overrides in $RL_ASSETS_SET.
+    """The project's params as this process was asked for them: the run spec in $RL_ASSETS_RUN_SPEC, else $RL_ASSETS_PARAMS
+    and the `--set` overrides in $RL_ASSETS_SET.
 
-    Read when called, never at import: `rl-assets run --set k=v` sets the variable, then builds the code location.
+    Read when called, never at import: `rl-assets run --set k=v` writes the spec and sets the variable, then builds the
+    code location.
     """
+    if spec := os.environ.get(RUN_SPEC_ENV):
+        run = read_run_spec(spec)
+        return ParamsResource(path=run.params_file, overrides=list(run.overrides), spec=spec)
     return ParamsResource(path=os.environ.get("RL_ASSETS_PARAMS", "params.yaml"),
                           overrides=[item for item in os.environ.get("RL_ASSETS_SET", "").split(";") if item])
 
@@ -44,6 +56,8 @@ def run_tags(params: ParamsResource) -> dict[str, str]:
             "rl_assets/params_hash": loaded.section_hash(*Params.model_fields)}
     if params.overrides:
         tags["rl_assets/overrides"] = ";".join(params.overrides)
+    if params.spec:
+        tags["rl_assets/run_spec"] = params.spec
     return tags
 
 
@@ -70,6 +84,8 @@ def load_project_params() -> Params:
     Parsed once per file content, overrides, environment and working directory: the same object until one changes.
     """
     resource = project_params()
+    if resource.spec:
+        return resource.load()
     path = Path(resource.path)
     text = path.read_bytes() if path.is_file() else b""
     return _parsed_params(resource.path, tuple(resource.overrides), text, frozenset(os.environ.items()), str(Path.cwd()))
@@ -83,7 +99,8 @@ def written_keys(keys: list[str]) -> list[str]:
     """
     resource = project_params()
     path = Path(resource.path)
-    raw = _written_params(resource.path, tuple(resource.overrides), path.read_bytes() if path.is_file() else b"", frozenset(os.environ.items()))
+    raw = read_run_spec(resource.spec).written if resource.spec else \
+        _written_params(resource.path, tuple(resource.overrides), path.read_bytes() if path.is_file() else b"", frozenset(os.environ.items()))
     return [key for key in keys if "." not in key or dotted(raw, key) is not MISSING]
 
 

@@ -108,7 +108,8 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
     """
     tag_run(context, params)
     loaded = params.load()
-    context.log.info(f"params: {params.path}" + "".join(f" --set {override}" for override in params.overrides))
+    context.log.info(f"params: {params.path}" + "".join(f" --set {override}" for override in params.overrides) +
+                     (f" (resolved once: {params.spec})" if params.spec else ""))
     batches = [keys] if resident(loaded.compute) else [[key] for key in keys]
     pushing = remote.pushes_during_run(loaded)  # each output (or round) to the remote as it is recorded (pipelines/storage/remote.py)
     follower = JournalFollower(pushes=pushing)  # commits each output's DVC stage while the child goes on (pipelines/records/dvc.py)
@@ -126,7 +127,7 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
                     continue
                 key = output_key(result.asset_key.path)
                 _log_done(context, key, result.metadata or {})
-                if stage := record_in_dvc(context, key, params.path, params.overrides, later=True, experiment=loaded.experiment):
+                if stage := record_in_dvc(context, key, params.path, params.overrides, later=True, experiment=loaded.experiment, spec=params.spec):
                     follower.send(stage)
                 yield result
                 if pushing and stage and (loaded.storage.push == "output" or key.endswith("checkpoint")):
@@ -244,5 +245,6 @@ def materialized(context: AssetExecutionContext, params: ParamsResource, path, m
     key = output_key(context.asset_key.path)
     _log_done(context, key, metadata)
     loaded = params.load()
-    record_in_dvc(context, key, params.path, params.overrides, later=compute_step_follows(context), experiment=loaded.experiment)
+    record_in_dvc(context, key, params.path, params.overrides, later=compute_step_follows(context), experiment=loaded.experiment,
+                  spec=params.spec)
     yield from guarded(key, loaded, MaterializeResult(metadata={"path": str(path), **metadata}, data_version=DataVersion(content_hash(path))))

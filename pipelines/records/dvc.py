@@ -46,7 +46,7 @@ STAGE_FIELDS = ("cmd", "deps", "params", "outs", "metrics", "plots")
 
 
 def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides: list[str] | tuple[str, ...] = (),
-                  later: bool = False, experiment: str = "default") -> str | None:
+                  later: bool = False, experiment: str = "default", spec: str = "") -> str | None:
     """Commit the stage of `key` to dvc.lock after a materialization DVC did not drive, with the params it ran with.
 
     Only when dvc.yaml's stage is the one the asset graph generates now: committing a stale stage
@@ -56,7 +56,8 @@ def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides
 
     `dvc commit` records the values in params.yaml, the file DVC reads. When the run used another
     params file, `--set` overrides or ${VAR} values, the stage's params in dvc.lock are then replaced
-    by the values the run used (see `effective_dvc_params`), so `dvc status` reports the difference
+    by the values the run used (see `effective_dvc_params`: from the run's `spec` when it has one, so a
+    stage journaled now and recorded later still gets them), so `dvc status` reports the difference
     from params.yaml instead of calling the outputs up to date.
 
     With `later`, the stage goes into the journal of stages still to record (`JOURNAL`), and
@@ -89,7 +90,7 @@ def record_in_dvc(context, key: str, params_file: str = "params.yaml", overrides
         context.log.warning("dvc not found (make setup installs it in .venv-dvc); dvc.lock not updated")
         return
     entry = {"stage": stage, "params": [k for k in written[stage].get("params", []) if isinstance(k, str)],
-             "params_file": params_file, "overrides": list(overrides)}
+             "params_file": params_file, "overrides": list(overrides), "spec": spec}
     with _dvc_lock_held():
         if later:
             _write_journal([*_read_journal(), entry])
@@ -259,7 +260,8 @@ def commit_stages(log, entries: list[dict], dvc: str, follower: JournalFollower 
             continue
         recorded.append(stage)
         try:
-            values = effective_dvc_params(entry["params"], entry["params_file"], entry["overrides"]) if entry["params"] else {}
+            values = effective_dvc_params(entry["params"], entry["params_file"], entry["overrides"], entry.get("spec", "")) \
+                if entry["params"] else {}
         except (OSError, ParamsError) as error:  # a killed run's params file, since moved or broken: keep what DVC recorded
             log.warning(f"dvc.lock: stage {stage} keeps params.yaml's values; the params its run used cannot be read ({error})")
             continue
@@ -293,17 +295,23 @@ def _dvc_lock_held():
         yield
 
 
-def effective_dvc_params(keys: list[str], params_file: str, overrides: list[str] | tuple[str, ...] = ()) -> dict:
+def effective_dvc_params(keys: list[str], params_file: str, overrides: list[str] | tuple[str, ...] = (), spec: str = "") -> dict:
     """The values of a stage's params keys (`train`, `model.name_or_path`) as the run used them, typed as validated.
 
-    The file as written, ${VAR} interpolated and `--set` applied; each value keeps the file's shape (only the keys
-    written in it, as DVC records them), with leaves replaced by the validated values so `1e-4` is a float as DVC reads it.
+    The file as written, ${VAR} interpolated and `--set` applied (as the run's `spec` holds them, else read again); each
+    value keeps the file's shape (only the keys written in it, as DVC records them), with leaves replaced by the
+    validated values so `1e-4` is a float as DVC reads it.
     """
     from rl_assets.core.params_file import parse_params, read_params_file, resolved_raw
+    from rl_assets.core.run_spec import read_run_spec
 
-    written = read_params_file(params_file)
-    raw = resolved_raw(copy.deepcopy(written), params_file, overrides)
-    validated = parse_params(written, params_file, overrides).model_dump(mode="json")
+    if spec and Path(spec).is_file():
+        run = read_run_spec(spec)
+        raw, validated = run.written, run.params.model_dump(mode="json")
+    else:  # a run without a spec (launched from the UI), or one whose spec is gone: the file as it is now
+        written = read_params_file(params_file)
+        raw = resolved_raw(copy.deepcopy(written), params_file, overrides)
+        validated = parse_params(written, params_file, overrides).model_dump(mode="json")
     values = {}
     for key in keys:
         found, typed = dotted(raw, key), dotted(validated, key)

@@ -104,7 +104,6 @@ def train_state_dir(round_number: int, data: Path, stage: str = "train") -> Path
     return data / round_prefix(round_number) / ("train_state" if stage == "train" else f"{stage}_state")
 
 
-# Which compute stage writes each output (rl_assets.run.stages), and in what order a run writes them.
 # Which compute stage writes which output (rl_assets.core.stage_table), in the table's flow order.
 OUTSIDE_ROUNDS = {key: name for name, stage in STAGE_TABLE.items() if stage.compute for key in stage.outputs if not key.startswith("rNN/")}
 ROUND_OUTPUTS = {key.removeprefix("rNN/"): name for name, stage in STAGE_TABLE.items() for key in stage.outputs if key.startswith("rNN/")}
@@ -125,15 +124,18 @@ def stage_of(key: str) -> tuple[str, int | None]:
 
 
 def flow_order(keys: list[str]) -> list[str]:
-    """`keys` in the order the flow writes them: r00, then each round's rollouts, rewards, checkpoint, critic (ppo), then the rest.
+    """`keys` in the order the flow writes them: round by round, each round in the stage table's order; the stages the table
+    lists before the rounds' first before round 1, those after them last (rl_assets.core.graph.unroll's order).
 
     >>> flow_order(["r02/rollouts", "evaluation", "r01/checkpoint", "r01/rewards"])
     ['r01/rewards', 'r01/checkpoint', 'r02/rollouts', 'evaluation']
     """
+    stages = list(STAGE_TABLE)
+    first_round_stage = min(stages.index(stage) for stage in ROUND_OUTPUTS.values())
+
     def position(key: str) -> tuple:
         stage, n = stage_of(key)
-        if n is None:
-            return ({"sft": 0, "reward_model": 0}.get(stage, 10**6), 0, list(OUTSIDE_ROUNDS).index(key))
-        return (n, 1 + list(ROUND_OUTPUTS.values()).index(stage), 0)
+        place = stages.index(stage)
+        return (n if n is not None else 0 if place < first_round_stage else float("inf"), place)
 
     return sorted(dict.fromkeys(keys), key=position)

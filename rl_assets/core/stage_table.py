@@ -62,6 +62,11 @@ STAGE_TABLE = {
     # with sft.demonstration the rollouts' tools or environment answer the demonstrations
     "sft": Stage("run/stages.py:run_sft", ("r00/checkpoint",), ("seed", "model", "sft", *EPISODE_KEYS[:3]),
                  (*_RUNNER, *_POLICY, *_EPISODES, "train/sft.py", "eval/promotion.py", "eval/guards.py", "eval/stats.py"), distributed=True, kind="model", heldout=True),
+    # trained from its own preference file before the rounds, whose rewards (and PPO's first critic) may read it
+    "reward_model": Stage("train/reward_model.py:run_reward_model", ("reward_model",), ("seed", "reward_model"),
+                          (*_CONFIG, "core/schemas.py", "core/storage.py", "core/checkpoints.py", "core/precision.py", "core/paths.py",
+                           "core/stage_table.py", *_POLICY, "core/sandbox.py", "core/user_code.py", "rewards/", "train/reward_model.py",
+                           "train/sft.py"), kind="model"),
     "rollouts": Stage("run/stages.py:run_rollouts", ("rNN/rollouts",), ("seed", "rollouts"),
                       (*_RUNNER, *_POLICY, *_EPISODES, "core/logprobs.py", "rollout/")),
     "rewards": Stage("run/stages.py:run_rewards", ("rNN/rewards",), ("rewards",),
@@ -77,10 +82,6 @@ STAGE_TABLE = {
     "evaluation": Stage("run/stages.py:run_evaluation", ("evaluation",), ("seed", "rounds", "evaluation", "rewards", *EPISODE_KEYS),
                         (*_RUNNER, *_POLICY, *_EPISODES, "eval/evaluation.py", "eval/curves.py", "eval/guards.py", "eval/output_guards.py",
                          "eval/stats.py", "rewards/"), uses_rewards=True),
-    "reward_model": Stage("train/reward_model.py:run_reward_model", ("reward_model",), ("seed", "reward_model"),
-                          (*_CONFIG, "core/schemas.py", "core/storage.py", "core/checkpoints.py", "core/precision.py", "core/paths.py",
-                           "core/stage_table.py", *_POLICY, "core/sandbox.py", "core/user_code.py", "rewards/", "train/reward_model.py",
-                           "train/sft.py"), kind="model"),
     # Not a DVC stage: what it writes depends on the models promoted before (a decision with a history).
     "promote": Stage("eval/promotion.py:run_promotion", ("promoted_model",), ("promotion",),
                      (*_RUNNER, *_POLICY, *_EPISODES, "eval/", "rewards/", "data/"), kind="model"),
