@@ -73,8 +73,8 @@ def run_sft(params: Params, round_number: int | None, root: Path, device: str, l
                "params_hash": params.section_hash("seed", "model", "sft"), **stage_lineage("sft", params),
                "metrics": metrics, "num_parameters": sum(p.numel() for p in model.parameters())}
     path = output_path(checkpoint_key(0), data)
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return {}
+    if dist.is_initialized() and dist.get_rank() != 0:  # rank 0 saves and reports
+        return {}, path
     save_checkpoint(model, tokenizer, path, lineage, processor=saved_processor(promoted or params.model.name_or_path))
     return {"parameters": lineage["num_parameters"], **{k: v for k, v in metrics.items() if v is not None}}, output_path(checkpoint_key(0), data)
 
@@ -247,8 +247,8 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
                 pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
                 state_dir=train_state_dir(round_number, data), fingerprint=state,
                 optimizer_state=carried, token_advantages=token_advantages, shard=params.compute.sharding == "fsdp", vision=vision)
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return {}
+    if dist.is_initialized() and dist.get_rank() != 0:  # rank 0 saves and reports
+        return {}, output_path(checkpoint_key(round_number), data)
     from rl_assets.train.policy_gradient import reference_kl
 
     metrics["kl"] = reference_kl(model.to(device), loaded.reference(base, device), rollouts, pad_id=tokenizer.pad_token_id,
@@ -350,8 +350,8 @@ def run_critic(params: Params, round_number: int | None, root: Path, device: str
     critic, metrics, history = train_critic(critic, rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist(), targets,
                                             params.train, pad_id=tokenizer.pad_token_id, seed=seed, device=device,
                                             state_dir=train_state_dir(round_number, data, "critic"), fingerprint=state, vision=vision)
-    if dist.is_initialized() and dist.get_rank() != 0:
-        return {}
+    if dist.is_initialized() and dist.get_rank() != 0:  # rank 0 saves and reports
+        return {}, output_path(f"{round_prefix(round_number)}/critic", data)
     start = start or read_lineage(parent).get("start", "policy")  # how the chain began
     lineage = {"round": round_number, "kind": CRITIC_KIND, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
                "start": start, "lora": params.train.ppo.critic_lora,

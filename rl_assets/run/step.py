@@ -88,11 +88,12 @@ def run(args: argparse.Namespace, params: Params, reporter=printed, launched: bo
 
     quiet_step()
     rank = start_distributed(params)
+    reporting = rank == reporting_rank(launched)  # a collective: before any stage's, on every machine of the step alike
     if args.stage is not None:  # as an Output, as write_outputs gives them (it runs no guards: a stage by name is unguarded)
         outputs = iter([Output(stage_key(args.stage, args.round), *run_stage(args.stage, params, args.round, Path(".")))])
     else:
         outputs = write_outputs(args.outputs, params)
-    if rank == reporting_rank(launched):
+    if reporting:
         with reporter(params) as report:  # an exception inside is the reporter's to report too (Pipes: the run's event log)
             for output in as_on_rank_0(outputs):  # each as soon as it is written
                 if rank != 0 and args.stage is None:  # rank 0 may be another machine's, which ran the guards: run them here
