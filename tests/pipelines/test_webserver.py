@@ -69,9 +69,9 @@ def ui(micro_template, tmp_path_factory):
         assert server.poll() is None, f"dagster dev exited {server.returncode}\n{log.read_text()[-6000:]}"
         yield {"project": project, "port": port, "log": log}
     finally:
-        os.killpg(server.pid, signal.SIGTERM)  # its own session: webserver, daemon and code server, nothing else
+        os.killpg(server.pid, signal.SIGINT)  # Ctrl+C, which `dagster dev` handles; its own session: webserver, daemon, code server
         try:
-            server.wait(timeout=60)
+            server.wait(timeout=20)
         except subprocess.TimeoutExpired:
             os.killpg(server.pid, signal.SIGKILL)
 
