@@ -1,6 +1,7 @@
 """Orchestration overhead: the Dagster pipeline vs the same library calls in one plain Python process.
 
     .venv/bin/python bench/orchestration_overhead.py [--params params.yaml] [--repeats 3] [--dvc]
+    .venv/bin/python bench/orchestration_overhead.py --params examples/smollm2/params.yaml --repeats 1   # after make real-model
 
 Both runs use the same params in fresh copies of the project and produce the same outputs; the
 plain run is the loop a team would write by hand (one process, models kept loaded), so the ratio
@@ -38,6 +39,9 @@ def make_project(params: Path, dvc: bool = False) -> Path:
         target.parent.mkdir(parents=True, exist_ok=True)
         (shutil.copytree if source.is_dir() else shutil.copy)(source, target)
     shutil.copy(params, root / "params.yaml")
+    for shared in ("examples", "base_models"):  # what an example's params name by relative path (its data, an imported model)
+        if (REPO / shared).is_dir() and f"{shared}/" in params.read_text():
+            (root / shared).symlink_to(REPO / shared)
     if dvc:  # a DVC project as the repo is one: git, the DVC venv, dvc.yaml generated for these params
         (root / ".venv-dvc").symlink_to(REPO / ".venv-dvc")
         subprocess.run(["git", "init", "--quiet"], cwd=root, check=True)
