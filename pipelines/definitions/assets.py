@@ -7,7 +7,6 @@ loads the code location): nothing here reads params at import.
 """
 
 from collections import Counter
-from pathlib import Path
 from typing import Iterator
 
 from dagster import AssetExecutionContext, AssetsDefinition, MaterializeResult, MetadataValue, asset

@@ -10,21 +10,21 @@ from dagster import AssetSpec
 from pipelines.definitions.tracking import stage_tracking
 from pipelines.launch.params import asset_key
 from rl_assets.core.config import Params
-from rl_assets.core.graph import Output, critic_parent, unroll
+from rl_assets.core.graph import Node, critic_parent, unroll
 from rl_assets.core.paths import checkpoint_key, round_prefix
 from rl_assets.core.stage_table import STAGE_TABLE
 
 KINDS = {"table": {"parquet"}, "model": {"pytorch"}}
 
 
-def group_name(output: Output) -> str:
-    """The UI's group: data, r00..rNN, evaluation, promotion, reward_model."""
+def group_name(output: Node) -> str:
+    """The UI's group of a compute output: r00..rNN, evaluation, promotion."""
     if output.round is not None:
         return round_prefix(output.round)
-    return {"raw_data": "data", "prompts": "data", "promote": "promotion"}.get(output.stage, output.stage)
+    return "promotion" if output.stage == "promote" else output.stage
 
 
-def description(output: Output, params: Params) -> str:
+def description(output: Node, params: Params) -> str:
     n = output.round
     if output.stage == "sft":
         return "The base policy (embedded tiny model or any HF causal LM), warm-started with TRL's SFTTrainer."
@@ -50,7 +50,7 @@ def description(output: Output, params: Params) -> str:
     raise ValueError(f"no description for stage {output.stage!r}")
 
 
-def raw_inputs(output: Output, params: Params) -> list[str] | None:
+def raw_inputs(output: Node, params: Params) -> list[str] | None:
     """Files outside the graph that an output reads (DVC deps): r00 starts from the promoted model when promotion.warm_start says so."""
     if output.stage == "sft" and params.promotion.warm_start == "promoted":
         return [f"{params.promotion.directory}/promoted"]

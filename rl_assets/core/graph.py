@@ -16,8 +16,8 @@ from rl_assets.core.stage_table import STAGE_TABLE
 
 
 @dataclass(frozen=True)
-class Output:
-    """One output of the graph: an asset key, a DVC stage, a file or folder under the data folder."""
+class Node:
+    """A node of the graph: one output, its asset key, DVC stage and file or folder under the data folder."""
 
     key: str  # e.g. r01/rollouts
     stage: str  # the stage table's name for what writes it
@@ -49,7 +49,7 @@ def critic_parent(params, round_number: int) -> str:
     return "reward_model" if params.train.ppo.critic_init == "reward_model" else checkpoint_key(0)
 
 
-def round_outputs(params, n: int) -> list[Output]:
+def round_outputs(params, n: int) -> list[Node]:
     """Round `n`'s outputs in the order a run writes them: rollouts, rewards, checkpoint, and PPO's critic last (the policy's
     advantages read the parent's value estimates before this round's critic is trained in place)."""
     prefix, previous = round_prefix(n), checkpoint_key(n - 1)
@@ -58,16 +58,16 @@ def round_outputs(params, n: int) -> list[Output]:
     value_model = algorithm(params.train.algorithm).value_model
     parent_critic = (critic_parent(params, n),) if value_model else ()
     outputs = [
-        Output(rollouts, "rollouts", n, (previous, "prompts")),
-        Output(rewards, "rewards", n, (rollouts, *(("reward_model",) if uses_reward_model(params) else ()))),
-        Output(checkpoint, "train", n, (rewards, rollouts, previous, *reference, *(c for c in parent_critic if c != previous))),
+        Node(rollouts, "rollouts", n, (previous, "prompts")),
+        Node(rewards, "rewards", n, (rollouts, *(("reward_model",) if uses_reward_model(params) else ()))),
+        Node(checkpoint, "train", n, (rewards, rollouts, previous, *reference, *(c for c in parent_critic if c != previous))),
     ]
     if value_model:
-        outputs.append(Output(f"{prefix}/critic", "critic", n, (rewards, rollouts, *parent_critic, *reference)))
+        outputs.append(Node(f"{prefix}/critic", "critic", n, (rewards, rollouts, *parent_critic, *reference)))
     return outputs
 
 
-def unroll(params) -> list[Output]:
+def unroll(params) -> list[Node]:
     """Every output of a run with `params`, each after everything it reads.
 
     >>> from rl_assets.core.params_file import load_params
@@ -77,12 +77,12 @@ def unroll(params) -> list[Output]:
      ('r01/checkpoint', ('r01/rewards', 'r01/rollouts', 'r00/checkpoint')),
      ('evaluation', ('r00/checkpoint', 'r01/checkpoint', 'prompts')), ('promoted_model', ('evaluation',))]
     """
-    outputs = [Output("raw_data", "raw_data", None, ()), Output("prompts", "prompts", None, ("raw_data",)),
-               Output(checkpoint_key(0), "sft", 0, ("prompts",))]
+    outputs = [Node("raw_data", "raw_data", None, ()), Node("prompts", "prompts", None, ("raw_data",)),
+               Node(checkpoint_key(0), "sft", 0, ("prompts",))]
     if params.reward_model is not None:  # trained from its own preference file
-        outputs.append(Output("reward_model", "reward_model", None, ()))
+        outputs.append(Node("reward_model", "reward_model", None, ()))
     for n in range(1, params.rounds + 1):
         outputs += round_outputs(params, n)
-    outputs.append(Output("evaluation", "evaluation", None, (*(checkpoint_key(n) for n in range(params.rounds + 1)), "prompts")))
-    outputs.append(Output("promoted_model", "promote", None, ("evaluation",)))
+    outputs.append(Node("evaluation", "evaluation", None, (*(checkpoint_key(n) for n in range(params.rounds + 1)), "prompts")))
+    outputs.append(Node("promoted_model", "promote", None, ("evaluation",)))
     return outputs

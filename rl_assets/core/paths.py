@@ -51,22 +51,24 @@ def output_path(key: str, data: Path) -> Path:
     >>> output_path("r01/rollouts", DATA), output_path("r01/checkpoint", Path("data/experiments/x")), output_path("r02/critic", DATA)
     (PosixPath('data/r01/rollouts.parquet'), PosixPath('data/experiments/x/r01/checkpoint'), PosixPath('data/r02/critic'))
     """
-    return data / key if STAGE_TABLE[writer_of(key)].kind == "model" else data / f"{key}.parquet"
+    return data / key if STAGE_TABLE[writer_of(key)[0]].kind == "model" else data / f"{key}.parquet"
 
 
 WRITERS = {key: name for name, stage in STAGE_TABLE.items() for key in stage.outputs}  # output key (rNN/... in rounds) -> stage
 
 
-def writer_of(key: str) -> str:
-    """The stage that writes output `key`.
+def writer_of(key: str) -> tuple[str, int | None]:
+    """(stage, round) that writes output `key`, round None outside the rounds 1..R.
 
     >>> writer_of("r00/checkpoint"), writer_of("r03/checkpoint"), writer_of("prompts")
-    ('sft', 'train', 'prompts')
+    (('sft', None), ('train', 3), ('prompts', None))
     """
-    found = WRITERS.get(key) or WRITERS.get(re.sub(r"^r\d\d/", "rNN/", key))
-    if found is None:
-        raise ValueError(f"no stage writes {key!r}; outputs: {sorted(WRITERS)}")
-    return found
+    if key in WRITERS:
+        return WRITERS[key], None
+    found = re.fullmatch(r"r(\d\d)/(\w+)", key)
+    if found and found.group(1) != "00" and (stage := WRITERS.get(f"rNN/{found.group(2)}")):
+        return stage, int(found.group(1))
+    raise ValueError(f"no stage writes {key!r}; outputs: {sorted(WRITERS)}")
 
 
 def asset_key_path(key: str, experiment: str) -> list[str]:
@@ -104,8 +106,7 @@ def train_state_dir(round_number: int, data: Path, stage: str = "train") -> Path
     return data / round_prefix(round_number) / ("train_state" if stage == "train" else f"{stage}_state")
 
 
-# Which compute stage writes which output (rl_assets.core.stage_table), in the table's flow order.
-OUTSIDE_ROUNDS = {key: name for name, stage in STAGE_TABLE.items() if stage.compute for key in stage.outputs if not key.startswith("rNN/")}
+# Each round's output names and the stage writing each (rl_assets.core.stage_table), in the table's flow order.
 ROUND_OUTPUTS = {key.removeprefix("rNN/"): name for name, stage in STAGE_TABLE.items() for key in stage.outputs if key.startswith("rNN/")}
 
 
@@ -115,12 +116,14 @@ def stage_of(key: str) -> tuple[str, int | None]:
     >>> stage_of("r03/checkpoint"), stage_of("r00/checkpoint"), stage_of("evaluation")
     (('train', 3), ('sft', None), ('evaluation', None))
     """
-    if key in OUTSIDE_ROUNDS:
-        return OUTSIDE_ROUNDS[key], None
-    found = re.fullmatch(rf"r(\d{{2}})/({'|'.join(ROUND_OUTPUTS)})", key)
-    if not found or found.group(1) == "00":
-        raise ValueError(f"no compute stage writes {key!r}; outputs: {sorted(OUTSIDE_ROUNDS)} and rNN/{{{','.join(ROUND_OUTPUTS)}}}")
-    return ROUND_OUTPUTS[found.group(2)], int(found.group(1))
+    try:
+        stage, round_number = writer_of(key)
+    except ValueError:
+        stage = None
+    if stage is None or not STAGE_TABLE[stage].compute:
+        outside = sorted(k for k, name in WRITERS.items() if STAGE_TABLE[name].compute and not k.startswith("rNN/"))
+        raise ValueError(f"no compute stage writes {key!r}; outputs: {outside} and rNN/{{{','.join(ROUND_OUTPUTS)}}}")
+    return stage, round_number
 
 
 def flow_order(keys: list[str]) -> list[str]:

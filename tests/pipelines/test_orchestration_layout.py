@@ -6,8 +6,6 @@ specs, schedules) -> the CLI. A module imports from its own group and the groups
 the code location.
 """
 
-from pathlib import Path
-
 from import_graph import REPO, fail_on_cycle, graph, modules, upward_imports
 
 LAYERS = ["records", "storage", "launch", "definitions"]
@@ -34,7 +32,7 @@ def test_groups_are_small_modules_without_code_in_their_package_files():
             assert not path.read_text().strip(), f"{path.relative_to(REPO)} has code: a group's modules are imported by name"
 
 
-def test_the_layout_test_sees_an_upward_import(tmp_path, monkeypatch):
+def test_the_layout_test_sees_an_upward_import(monkeypatch):
     """The check can fail: a records module importing the code location is named."""
     edges = graph("pipelines")
     assert "pipelines.definitions.code_location" not in edges["pipelines.records.dvc"]

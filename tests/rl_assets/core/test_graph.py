@@ -65,7 +65,7 @@ def test_output_kinds_come_from_the_stage_table(tmp_path):
             continue  # written under promotion.directory, not the data folder
         path = output_path(output.key, DATA)
         assert (path.suffix == ".parquet") == (output.kind == "table"), output.key
-        assert writer_of(output.key) == output.stage
+        assert writer_of(output.key)[0] == output.stage
     with pytest.raises(ValueError, match="no stage writes 'r01/nothing'"):
         output_path("r01/nothing", DATA)
 
