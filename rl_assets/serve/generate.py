@@ -47,7 +47,8 @@ def critic_of(checkpoint: Path, data: Path) -> Path:
     """The value model trained in the round that made `checkpoint` (rNN/critic; a promoted model's by its round)."""
     card = json.loads((checkpoint / LINEAGE_FILE).read_text())
     round_number = card.get("round", 0)
-    path = output_path(f"r{round_number:02d}/critic", data)
+    # r00 (SFT) trains no value model, so no stage writes r00/critic: name the folder it would be
+    path = output_path(f"r{round_number:02d}/critic", data) if round_number >= 1 else data / "r00" / "critic"
     if round_number < 1 or not (path / LINEAGE_FILE).is_file():
         raise FileNotFoundError(f"{path}: no value model for {checkpoint} (round {round_number}); train.algorithm ppo writes one each "
                                 "round, or name one with --critic")
