@@ -13,7 +13,7 @@ export DAGSTER_HOME := $(CURDIR)/.dagster
 HOST ?= 127.0.0.1
 PORT ?= 3000
 
-.PHONY: setup run demo agentic rlhf real vision test test-fast ui repro dvc-sync bench tensorboard browser sandbox slurm serve clean real-model docs
+.PHONY: setup run demo agentic rlhf real vision test test-fast ui repro dvc-sync bench tensorboard browser sandbox slurm prometheus serve clean real-model docs
 
 setup: $(VENV)/.installed .venv-dvc/.installed $(DAGSTER_HOME)/dagster.yaml
 
@@ -71,7 +71,7 @@ real: setup $(REAL_MODEL)/import.json
 # Test files run side by side on the machine's cores (pytest-xdist), each file's tests in one worker so a file's shared run is made once.
 PYTEST_PARALLEL := -n auto --maxprocesses 4 --dist loadfile
 
-test: setup browser sandbox slurm $(REAL_MODEL_WHEEL) .venv-docs/.installed
+test: setup browser sandbox slurm prometheus $(REAL_MODEL_WHEEL) .venv-docs/.installed
 	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=15
 
 # The edit loop: unit tests and doctests, no pipeline, benchmark or real-model runs (those are marked e2e).
@@ -107,6 +107,13 @@ slurm:
 	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && \
 	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq slurm-wlm munge >/dev/null; } || \
 	  echo "slurm-wlm and munge not installed (needs root and apt): the Slurm tests will skip"
+
+# The monitoring test scrapes `rl-assets serve` with a real Prometheus (Debian's) and runs the Grafana dashboard's queries.
+prometheus:
+	@command -v prometheus >/dev/null 2>&1 || \
+	  { [ "$$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1 && apt-get update -qq && \
+	    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >/dev/null; } || \
+	  echo "prometheus not installed (needs root and apt): the monitoring test will skip"
 
 ui: setup
 	$(VENV)/bin/dagster dev -h $(HOST) -p $(PORT) -w workspace.yaml

@@ -9,8 +9,8 @@ While a step runs, a daemon thread rewrites `.rl_assets/heartbeats/<stage>[-rNN]
   interval). A step blocked on a lock, a dead read or a peer that never answers keeps beating, but
   its `progress` stops; a loop that spends its time on one line (a long `backward`) still progresses.
 
-The file is removed when the step returns or raises, and a line with the step's duration is appended
-to `.rl_assets/steps.jsonl`; a killed process leaves it behind with a pid
+The file is removed when the step returns or raises, and a line with the step's duration (and what it measured:
+busy share, peak memory) is appended to `.rl_assets/steps.jsonl`; a killed process leaves it behind with a pid
 that no longer lives, which readers on the same host drop. A step is stale when either time is
 older than the limit (`RL_ASSETS_HEARTBEAT_TIMEOUT`, default 300 s, or what the reader is given).
 """
@@ -68,6 +68,7 @@ class Heartbeat:
         self.record = {"stage": stage, "round": round_number, "pid": os.getpid(), "host": socket.gethostname(),
                        "rank": int(os.environ.get("RANK", "0")), "started": now, "time": now, "progress": now,
                        "interval": self.interval}
+        self.summary: dict = {}  # what the step measured (busy share, peak memory), added to its line in the steps log
         self.watched, self.watched_native = threading.get_ident(), threading.get_native_id()
         self._last_where, self._last_cpu = None, -1.0
         self._stop = threading.Event()
@@ -102,7 +103,7 @@ class Heartbeat:
         self.path.unlink(missing_ok=True)
         ended = time.time()
         done = {key: self.record[key] for key in ("stage", "round", "rank", "host", "pid", "started")}
-        done.update(ended=ended, seconds=round(ended - self.record["started"], 3), ok=kind is None)
+        done.update(ended=ended, seconds=round(ended - self.record["started"], 3), ok=kind is None, **self.summary)
         with open(self.path.parent.parent / STEPS_LOG, "a") as log:  # one short line per step: appends do not interleave
             log.write(json.dumps(done) + "\n")
 

@@ -241,12 +241,18 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
                        "reward_std": scores.std().item() if scores.numel() > 1 else 0.0}
             history, optimizer_state = [], carried
         else:
-            model, metrics, history, optimizer_state = train_on_rollouts(
-                model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
-                temperature=params.rollouts.temperature,
-                pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
-                state_dir=train_state_dir(round_number, data), fingerprint=state,
-                optimizer_state=carried, token_advantages=token_advantages, shard=params.compute.sharding == "fsdp", vision=vision)
+            from rl_assets.run.hardware import BusyShare, training_utilisation
+
+            with BusyShare(device) as busy:  # the training loop's own, apart from loading and saving
+                model, metrics, history, optimizer_state = train_on_rollouts(
+                    model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
+                    temperature=params.rollouts.temperature,
+                    pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
+                    state_dir=train_state_dir(round_number, data), fingerprint=state,
+                    optimizer_state=carried, token_advantages=token_advantages, shard=params.compute.sharding == "fsdp", vision=vision)
+            if model is not None:  # rank 0 (the others hold shards only)
+                metrics.update(**busy.result(), **training_utilisation(model, metrics.get("sequence_tokens_per_second", 0.0), world, device,
+                                                                       params.compute.peak_tflops))
     if dist.is_initialized() and dist.get_rank() != 0:  # rank 0 saves and reports
         return {}, output_path(checkpoint_key(round_number), data)
     from rl_assets.train.policy_gradient import reference_kl
@@ -458,6 +464,7 @@ def run_stage(stage: str, params: Params, round_number: int | None, root: Path, 
     `loaded`: the models kept from the steps this process ran before (a fresh, empty one when None).
     """
     # The heartbeat (read by /health and `rl-assets status`) and the process set-up shape no output: not in the stage table.
+    from rl_assets.run.hardware import BusyShare
     from rl_assets.run.heartbeat import Heartbeat
     from rl_assets.run.loaded import Loaded
     from rl_assets.run.process import free_large_blocks_at_once, peak_memory, quiet_step, release_freed_memory, reset_peak_memory
@@ -467,12 +474,15 @@ def run_stage(stage: str, params: Params, round_number: int | None, root: Path, 
         free_large_blocks_at_once()
     reset_peak_memory()
     try:
-        with Heartbeat(root, stage, round_number):
-            metadata, path = _run_stage(stage, params, round_number, root, loaded or Loaded())
+        with Heartbeat(root, stage, round_number) as beat:
+            with BusyShare(step_device(params)) as busy:
+                metadata, path = _run_stage(stage, params, round_number, root, loaded or Loaded())
+            # This process's peak while writing the output, models kept from earlier steps included: what a machine must have.
+            metadata = {**metadata, **busy.result(), **peak_memory()}
+            beat.summary.update({key: metadata[key] for key in ("busy_share", "busy_device", "peak_rss_gb", "peak_cuda_gb") if key in metadata})
     finally:
         release_freed_memory()  # the next step's peak starts from what is in use, not from this step's leftovers
-    # This process's peak while writing the output, models kept from earlier steps included: what a machine must have.
-    return {**metadata, **peak_memory()}, path
+    return metadata, path
 
 
 def _run_stage(stage: str, params: Params, round_number: int | None, root: Path, loaded: Loaded) -> tuple[dict, Path]:

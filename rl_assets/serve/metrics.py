@@ -3,6 +3,8 @@
     rl_assets_train_<metric>{round}          every numeric metric of each checkpoint card (reward_mean, kl, loss, entropy, tokens_per_second, ...)
     rl_assets_eval_accuracy{round,mode}      held-out accuracy from the evaluation table (greedy, sampled)
     rl_assets_step_duration_seconds{stage,round}   the last finished run of each compute step (.rl_assets/steps.jsonl)
+    rl_assets_step_busy_share{stage,round,device}, rl_assets_step_peak_memory_bytes{stage,round,memory}   the same runs'
+                                             device busy share and peak memory (rss, cuda); see rl_assets.run.hardware
     rl_assets_step_heartbeat_age_seconds{stage,round,pid}, rl_assets_step_progress_age_seconds{...}   running steps
     rl_assets_run_status{status}             1 for the latest Dagster run's status; rl_assets_healthy 1 or 0
     rl_assets_promoted_info{checkpoint_id,source}, rl_assets_promoted_sampled_accuracy
@@ -14,14 +16,13 @@
 from __future__ import annotations
 
 import re
-import shutil
-import subprocess
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 from prometheus_client.core import GaugeMetricFamily
 
 from rl_assets.serve.health import assess
+from rl_assets.run.hardware import nvidia_smi
 from rl_assets.run.heartbeat import running_steps, step_durations
 
 RUN_STATES = ("QUEUED", "NOT_STARTED", "STARTING", "STARTED", "SUCCESS", "FAILURE", "CANCELING", "CANCELED")
@@ -34,23 +35,6 @@ def metric_name(text: str) -> str:
     'reward_mean_2'
     """
     return re.sub(r"[^a-zA-Z0-9_]", "_", text)
-
-
-def gpu_memory() -> list[dict]:
-    """Per GPU: used and total memory in bytes and the utilization share, from nvidia-smi (no CUDA in this process)."""
-    if not shutil.which("nvidia-smi"):
-        return []
-    try:
-        done = subprocess.run(["nvidia-smi", "--query-gpu=index,memory.used,memory.total,utilization.gpu", "--format=csv,noheader,nounits"],
-                              capture_output=True, text=True, timeout=10, check=True)
-    except (OSError, subprocess.SubprocessError):
-        return []
-    gpus = []
-    for line in done.stdout.strip().splitlines():
-        index, used, total, utilization = (part.strip() for part in line.split(","))
-        gpus.append({"gpu": index, "used": float(used) * 2**20, "total": float(total) * 2**20,
-                     "utilization": float(utilization) / 100 if utilization.replace(".", "").isdigit() else None})
-    return gpus
 
 
 class ProjectCollector:
@@ -80,6 +64,15 @@ class ProjectCollector:
         for (stage, round_number), step in step_durations(self.root).items():
             gauge("rl_assets_step_duration_seconds", "wall time of the last finished run of a compute step", ["stage", "round", "ok"]).add_metric(
                 [stage, "" if round_number is None else str(round_number), str(step["ok"]).lower()], step["seconds"])
+            labels = [stage, "" if round_number is None else str(round_number)]
+            if "busy_share" in step:
+                gauge("rl_assets_step_busy_share", "share of the last finished run of a compute step in which its device computed "
+                      "(GPU: NVML utilisation; CPU: CPU time over wall time x threads)", ["stage", "round", "device"]).add_metric(
+                    [*labels, step["busy_device"]], step["busy_share"])
+            for memory in ("peak_rss_gb", "peak_cuda_gb"):
+                if memory in step:
+                    gauge("rl_assets_step_peak_memory_bytes", "peak memory of the last finished run of a compute step's process",
+                          ["stage", "round", "memory"]).add_metric([*labels, memory.split("_")[1]], step[memory] * 1e9)
         for step in running_steps(self.root, self.heartbeat_timeout):
             labels = [step["stage"], "" if step["round"] is None else str(step["round"]), str(step["pid"])]
             gauge("rl_assets_step_heartbeat_age_seconds", "seconds since a running step's last heartbeat", ["stage", "round", "pid"]).add_metric(labels, step["heartbeat_age_s"])
@@ -97,7 +90,7 @@ class ProjectCollector:
                 gauge("rl_assets_promoted_sampled_accuracy", "held-out sampled accuracy of the promoted model", []).add_metric([], promoted["sampled_accuracy"])
         healthy, _ = assess(status, running_steps(self.root, self.heartbeat_timeout))
         gauge("rl_assets_healthy", "1 when /health answers 200", []).add_metric([], float(healthy))
-        for gpu in gpu_memory():
+        for gpu in nvidia_smi():
             gauge("rl_assets_gpu_memory_used_bytes", "GPU memory in use (all processes)", ["gpu"]).add_metric([gpu["gpu"]], gpu["used"])
             gauge("rl_assets_gpu_memory_total_bytes", "GPU memory", ["gpu"]).add_metric([gpu["gpu"]], gpu["total"])
             if gpu["utilization"] is not None:

@@ -275,11 +275,11 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
     On a CPU a micro-batch whose completion logits would pass PLAIN_LOGITS_MAX goes through in chunks of
     `plain_rows`, a backward each, its loss weighted by the chunk's share of what the loss type averages over: the
     same gradient, a fraction of the memory (TRL's fused head, which it would take otherwise, makes GBs of CPU tiles).
-    Returns the step's sums on this rank: `loss` (each micro-batch's weighted by `micro_weight`), `tokens`, and each of
-    TOKEN_METRICS weighted by its micro-batch's tokens.
+    Returns the step's sums on this rank: `loss` (each micro-batch's weighted by `micro_weight`), `tokens` (the loss's),
+    `sequence_tokens` (prompts' and completions', without padding), and each of TOKEN_METRICS weighted by its micro-batch's tokens.
     """
     accum = len(micro_batches)
-    sums = dict.fromkeys(TOKEN_METRICS, 0.0) | {"loss": 0.0, "tokens": 0.0}
+    sums = dict.fromkeys(TOKEN_METRICS, 0.0) | {"loss": 0.0, "tokens": 0.0, "sequence_tokens": 0.0}
     for micro_index, micro in enumerate(micro_batches):
         rows = micro.tolist()
         weight = micro_weight(params.loss_type, len(rows), minibatch_rows, accelerator.num_processes, accum)
@@ -318,6 +318,7 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
                 sums[key] += metrics[key] * chunk_tokens
             sums["loss"] += loss.item() * share * weight
             sums["tokens"] += chunk_tokens
+            sums["sequence_tokens"] += sum(len(p) + len(c) for p, c in zip(prompts, completions))  # what the forward computed on
     return sums
 
 
@@ -357,6 +358,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     sharded = (model, optimizer) if shard else None  # what save_state and resume_point keep with torch.distributed.checkpoint
     start_step, history, resumed_sums = resume_point(accelerator, state_dir, fingerprint, params.resume, sharded)
     sums = resumed_sums or {"steps": 0, "tokens": 0.0, **dict.fromkeys(STEP_METRICS, 0.0), **dict.fromkeys(TOKEN_METRICS, 0.0)}  # this rank's
+    sums.setdefault("sequence_tokens", 0.0)  # a state saved before it was counted
 
     model.train()
     started, step = time.perf_counter(), 0
@@ -379,7 +381,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
 
             sums["steps"] += 1
             sums["grad_norm"] += float(grad_norm)
-            for key in ("loss", "tokens", *TOKEN_METRICS):
+            for key in ("loss", "tokens", "sequence_tokens", *TOKEN_METRICS):
                 sums[key] += step_sums[key]
             point = _reduce(accelerator, step_sums)
             history.append({"step": step, "loss": point["loss"], "grad_norm": float(grad_norm), "learning_rate": scheduler.get_last_lr()[0],
@@ -424,6 +426,7 @@ def round_metrics(total: dict, sums: dict, batch: TrainingBatch, rollouts: pa.Ta
         grad_norm=sums["grad_norm"] / max(sums["steps"], 1),  # already global (DDP all-reduces gradients)
         steps=steps,
         tokens_per_second=total["tokens_all"] / elapsed if elapsed and steps > start_step else 0.0,
+        sequence_tokens_per_second=total["sequence_tokens_all"] / elapsed if elapsed and steps > start_step else 0.0,
         resumed_from_step=start_step,
         reward_mean=rewards.mean().item(),
         reward_std=rewards.std().item() if rewards.numel() > 1 else 0.0,
@@ -503,7 +506,7 @@ def reference_kl(model, ref_model, rollouts: pa.Table, *, pad_id: int, temperatu
 
 def _reduce(accelerator, sums: dict) -> dict:
     """Token-weighted means over all processes: the loss per step (mean of ranks), the rest per token."""
-    keys = ["loss", "tokens", *TOKEN_METRICS]
+    keys = ["loss", "tokens", "sequence_tokens", *TOKEN_METRICS]
     values = torch.tensor([float(sums[k]) for k in keys], dtype=torch.float64, device=accelerator.device)
     if accelerator.num_processes > 1:
         values = accelerator.reduce(values, reduction="sum")
@@ -511,7 +514,7 @@ def _reduce(accelerator, sums: dict) -> dict:
     steps = max(float(sums.get("steps", 1)), 1.0)
     out = {key: totals[key] / max(totals["tokens"], 1.0) for key in TOKEN_METRICS}
     out["loss"] = totals["loss"] / accelerator.num_processes / steps
-    out["tokens_all"] = totals["tokens"]
+    out["tokens_all"], out["sequence_tokens_all"] = totals["tokens"], totals["sequence_tokens"]
     return out
 
 

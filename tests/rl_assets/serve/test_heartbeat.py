@@ -84,7 +84,9 @@ def test_a_compute_step_beats_while_it_runs_and_records_its_duration(tmp_path, m
 
     monkeypatch.setattr(stages, "_run_stage", step_body)
     metadata, path = stages.run_stage("evaluation", PARAMS, None, tmp_path)
-    assert path == tmp_path and metadata.pop("peak_rss_gb") > 0 and metadata == {"rows": 1}  # the step's metadata, and its peak memory
+    # the step's metadata, its peak memory and its device's busy share (rl_assets.run.hardware)
+    assert path == tmp_path and metadata.pop("peak_rss_gb") > 0 and 0 <= metadata.pop("busy_share") <= 1
+    assert metadata == {"rows": 1, "busy_device": "cpu"}
     with pytest.raises(ValueError):
         stages.run_stage("bad", PARAMS, 2, tmp_path)
     assert [s[0]["stage"] for s in seen] == ["evaluation", "bad"] and seen[0][0]["pid"] == os.getpid()
@@ -92,6 +94,7 @@ def test_a_compute_step_beats_while_it_runs_and_records_its_duration(tmp_path, m
     durations = step_durations(tmp_path)
     assert durations[("evaluation", None)]["ok"] and not durations[("bad", 2)]["ok"]
     assert durations[("evaluation", None)]["seconds"] >= 0
+    assert durations[("evaluation", None)]["peak_rss_gb"] > 0 and durations[("evaluation", None)]["busy_device"] == "cpu"  # for /metrics
 
 
 def test_run_stage_beats(tmp_path, monkeypatch):
