@@ -10,7 +10,8 @@
 #
 # Settings (environment): DEVICE cuda|cpu, SHAPE small|medium|"hidden,layers,heads,intermediate",
 # PEAK_TFLOPS (dense bf16 peak of the device; otherwise looked up from nvidia-smi's GPU name),
-# ENGINE transformers|auto|vllm (rollout sampler; auto picks vLLM when installed), LIMIT_S (470),
+# ENGINE transformers|auto|vllm (rollout sampler; auto picks vLLM when installed), DECODE eager|compiled (rollouts.decode and
+# evaluation.decode: the transformers sampler's step as written, or compiled with CUDA graphs; compiling is inside the timing), LIMIT_S (470),
 # PYTHON (default .venv/bin/python, else a python3 that already has torch/transformers/trl), KEEP=1
 # keeps the work folder, LOG_DIR=dir gets each step's log (on a lent machine: LOG_DIR=$OUT), PROFILE=1 runs the sft and
 # train steps under cProfile and puts their 40 costliest calls (cumulative) in LOG_DIR/NAME.prof.txt. MFU = 6 * n_params * training tokens/s / peak, tokens counted as the
@@ -27,6 +28,7 @@ REPO=$(cd "$(dirname "$0")/.." && pwd)
 DEVICE=${DEVICE:-cuda}
 SHAPE=${SHAPE:-medium}
 ENGINE=${ENGINE:-transformers}
+DECODE=${DECODE:-eager}
 
 case "$SHAPE" in
   gsm8k)  HIDDEN=896;  LAYERS=24; HEADS=14; INTER=4864 ;;  # Qwen2.5-0.5B-Instruct's shape; DEVICE=cpu shrinks it below
@@ -63,17 +65,9 @@ PEAK=${PEAK_TFLOPS:-}
 GPU_NAME=cpu
 if [ "$DEVICE" = cuda ]; then
   GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -1 || true)
-  if [ -z "$PEAK" ]; then  # dense (no sparsity) bf16 tensor-core peaks from the vendor's data sheets, TFLOP/s
-    case "$GPU_NAME" in
-      *H200*) PEAK=989 ;;
-      *H100*PCIe*) PEAK=756 ;;
-      *H100*NVL*) PEAK=835 ;;
-      *H100*) PEAK=989 ;;
-      *A100*) PEAK=312 ;;
-      *L40S*) PEAK=362 ;;
-      *L4*) PEAK=121 ;;
-      *) echo "unknown GPU '$GPU_NAME': set PEAK_TFLOPS for an MFU figure" >&2 ;;
-    esac
+  if [ -z "$PEAK" ]; then  # the dense bf16 peak the pipeline's own MFU uses (rl_assets/run/hardware.py)
+    PEAK=$(cd "$REPO" && "$PY" -c "from rl_assets.run.hardware import peak_flops; p = peak_flops('cuda'); print(p / 1e12 if p else '')")
+    [ -n "$PEAK" ] || echo "unknown GPU '$GPU_NAME': set PEAK_TFLOPS for an MFU figure" >&2
   fi
 fi
 
@@ -105,7 +99,7 @@ ACCUM=$((MINIBATCH / 16 > 0 ? MINIBATCH / 16 : 1))
 cat > params.yaml <<EOF
 seed: 0
 rounds: 1
-compute: {nproc: 1, device: "$DEVICE", gpus_per_step: 0}
+compute: {nproc: 1, device: "$DEVICE", gpus_per_step: 0, peak_tflops: ${PEAK:-null}}
 model: {name_or_path: base}
 raw_data:
   sources:
@@ -117,19 +111,19 @@ prompts:
   template: "{prompt}\nLet's think step by step and output the final answer after \"####\"."
   chat_template: true
 sft: {enabled: false}
-rollouts: {prompts_per_round: $B, samples_per_prompt: $G, temperature: 1.0, top_p: 1.0, max_new_tokens: $NEW, batch_size: $GEN_BATCH, logprob_batch_size: 16, engine: "$ENGINE"}
+rollouts: {prompts_per_round: $B, samples_per_prompt: $G, temperature: 1.0, top_p: 1.0, max_new_tokens: $NEW, batch_size: $GEN_BATCH, logprob_batch_size: 16, engine: "$ENGINE", decode: "$DECODE"}
 rewards:
   functions:
     - {name: math_answer, weight: 1.0}
     - {name: format_regex, weight: 0.1, options: {pattern: '.*####\s*-?[\d,]*\.?\d+'}}
 train: {algorithm: grpo, learning_rate: 1.0e-6, epochs: 1, minibatch_size: $MINIBATCH, gradient_accumulation_steps: $ACCUM, gradient_checkpointing: true, beta: 0.0, mixed_precision: "$MIXED"}
-evaluation: {max_prompts: 32, samples_per_prompt: 2, temperature: 1.0, max_new_tokens: $NEW, correctness: math_answer}
+evaluation: {max_prompts: 32, samples_per_prompt: 2, temperature: 1.0, max_new_tokens: $NEW, correctness: math_answer, decode: "$DECODE"}
 EOF
 else
 cat > params.yaml <<EOF
 seed: 0
 rounds: 1
-compute: {nproc: 1, device: "$DEVICE", gpus_per_step: 0}
+compute: {nproc: 1, device: "$DEVICE", gpus_per_step: 0, peak_tflops: ${PEAK:-null}}
 model:
   name_or_path: tiny
   tiny: {hidden_size: $HIDDEN, num_layers: $LAYERS, num_heads: $HEADS, intermediate_size: $INTER}
@@ -138,12 +132,12 @@ raw_data:
     - {kind: generator, path: data/raw/math_problems.json, count: 6000}
 prompts: {eval_fraction: 0.1, sft_fraction: 0.5, max_prompt_tokens: 24, template: "{prompt}"}
 sft: {enabled: true, learning_rate: 1.0e-4, max_steps: $SFT_STEPS, batch_size: $SFT_BATCH}
-rollouts: {prompts_per_round: $B, samples_per_prompt: $G, temperature: 1.0, top_p: 1.0, max_new_tokens: $NEW, batch_size: $GEN_BATCH, engine: "$ENGINE"}
+rollouts: {prompts_per_round: $B, samples_per_prompt: $G, temperature: 1.0, top_p: 1.0, max_new_tokens: $NEW, batch_size: $GEN_BATCH, engine: "$ENGINE", decode: "$DECODE"}
 rewards:
   functions:
     - {name: arithmetic_answer, weight: 1.0}
 train: {algorithm: grpo, learning_rate: 1.0e-5, epochs: 2, minibatch_size: $MINIBATCH, epsilon: 0.2, beta: 0.0, max_grad_norm: 1.0, mixed_precision: "$MIXED"}
-evaluation: {max_prompts: 64, samples_per_prompt: 4, temperature: 1.0, max_new_tokens: 8}
+evaluation: {max_prompts: 64, samples_per_prompt: 4, temperature: 1.0, max_new_tokens: 8, decode: "$DECODE"}
 EOF
 fi
 
@@ -169,7 +163,7 @@ profiled() {  # profiled NAME: python's arguments for module rl_assets.run.step,
   if [ -n "${PROFILE:-}" ]; then echo -m cProfile -o "$WORK/$1.prof" -m rl_assets.run.step; else echo -m rl_assets.run.step; fi
 }
 
-echo "device $DEVICE ($GPU_NAME), shape hidden=$HIDDEN layers=$LAYERS heads=$HEADS intermediate=$INTER, round B=$B x G=$G, new tokens <= $NEW, train $MIXED"
+echo "device $DEVICE ($GPU_NAME), shape hidden=$HIDDEN layers=$LAYERS heads=$HEADS intermediate=$INTER, round B=$B x G=$G, new tokens <= $NEW, decode $DECODE, train $MIXED"
 step data "$PY" -c "
 from rl_assets.core.params_file import load_params
 from rl_assets.core.tokenizer import load_tokenizer
@@ -228,7 +222,7 @@ step train "$PY" $(profiled train) train --round 1
 cp "$REPO/bench/gpu_plain_loop.py" .
 step plain "$PY" gpu_plain_loop.py plain.json   # the same rollouts through a plain forward/backward/step loop
 
-"$PY" - rollouts_timing.json "${PEAK:-}" "$GPU_NAME" "$SHAPE" <<'EOF'
+"$PY" - rollouts_timing.json "${PEAK:-}" "$GPU_NAME" "$SHAPE" "$DECODE" <<'EOF'
 import json, sys
 from pathlib import Path
 
@@ -244,13 +238,15 @@ train_tps = completion_tps * tokens / rollouts["completion_tokens"]  # every row
 rollout_tps = rollouts["completion_tokens"] / rollouts["seconds"]
 mfu = lambda flops: round(flops / peak, 4) if peak else None  # noqa: E731
 summary = {
-    "gpu": sys.argv[3], "shape": sys.argv[4], "parameters": n, "peak_tflops": peak and peak / 1e12,
+    "gpu": sys.argv[3], "shape": sys.argv[4], "decode": sys.argv[5], "parameters": n, "peak_tflops": peak and peak / 1e12,
     "rollouts": {"completions": rollouts["rows"], "mean_completion_tokens": round(rollouts["completion_tokens"] / rollouts["rows"], 1),
                  "truncated_share": round(rollouts["truncated_share"], 3), "dtype": rollouts["dtype"], "seconds": round(rollouts["seconds"], 2),
                  "completion_tokens_per_s": round(rollout_tps), "mfu_4n": mfu(4 * n * tokens / rollouts["seconds"])},
     "train": {"mixed_precision": card["metrics"].get("mixed_precision"), "steps": card["metrics"]["steps"],
               "completion_tokens_per_s": round(completion_tps), "tokens_per_s": round(train_tps),
-              "mfu": mfu(6 * n * train_tps), "mfu_completion_tokens_only": mfu(6 * n * completion_tps)},
+              "mfu": mfu(6 * n * train_tps), "mfu_completion_tokens_only": mfu(6 * n * completion_tps),
+              # what the pipeline itself reports in the checkpoint card (rl_assets/run/hardware.py)
+              "card": {key: card["metrics"].get(key) for key in ("sequence_tokens_per_second", "model_tflops_per_second", "mfu", "busy_share")}},
     "plain_loop": {name: {**run, "mfu": mfu(6 * n * run["tokens_per_s"]), "trainer_vs_plain": round(train_tps / run["tokens_per_s"], 3)}
                    for name, run in plain.items()},
 }

@@ -208,6 +208,9 @@ class RolloutsParams(Section):
     batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
     logprob_batch_size: int = Field(64, ge=1, description="Sequences per forward pass when recomputing the stored log-probs (on a GPU memory grows with it; a CPU pass keeps its logits under 2^25 values).")
     engine: Literal["auto", "transformers", "vllm"] = Field("auto", description="auto: vLLM on a GPU when installed, else batched transformers generate.")
+    decode: Literal["eager", "compiled"] = Field("eager", description="eager: one forward per step as written; compiled: a step of fixed shapes through torch.compile "
+                                                     "(CUDA graphs on a GPU, where an eager step waits on kernel launches), compiled once per process and "
+                                                     "batch size; the same completions for a seed up to the compiled kernels' rounding. vLLM ignores it.")
     tools: list[str] = Field(default_factory=list, description="Tools the policy may call (built in: calculator, python; or module:function "
                                                                "with type hints and a docstring): rollouts become episodes of calls and results.")
     tool_format: Literal["tagged", "hermes"] = Field("tagged", description="How calls are written: tagged `<call NAME>ARG</call>` (the embedded "
@@ -394,6 +397,7 @@ class EvaluationParams(Section):
     greedy: bool = Field(True, description="Also report greedy accuracy (one more completion per prompt); false: sampled only.")
     batch_size: int = Field(256, ge=1, description="Completions generated at once (memory, and speed: on CPU a smaller batch can be faster).")
     max_new_tokens: int = Field(8, ge=1, description="Completion length cap at evaluation.")
+    decode: Literal["eager", "compiled"] = Field("eager", description="As rollouts.decode, for the held-out completions.")
     correctness: str | None = Field(None, description="The reward function (its score column name) whose score 1 counts as correct; "
                                                       "default: the first of rewards.functions.")
 

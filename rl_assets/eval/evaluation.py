@@ -103,7 +103,7 @@ def held_out_completions(model, tokenizer, held_out: pa.Table, params: Evaluatio
         else:
             out = generate(model, tokenizer, prompts, samples, greedy=mode == "greedy", temperature=params.temperature,
                            max_new_tokens=params.max_new_tokens, batch_size=params.batch_size, seed=seed, autocast=autocast,
-                           images=images, processor=processor)
+                           images=images, processor=processor, compiled=params.decode == "compiled")
         tables[mode] = score_completions(held_out, out, samples, rewards)
     return tables
 

@@ -97,7 +97,7 @@ def prefill(model, rows: list[list[int]], input_ids: torch.Tensor, attention: to
     return out.cache, out.logits[select, -1].float()
 
 
-def next_tokens(logits: torch.Tensor, *, greedy: bool, temperature: float = 1.0, top_p: float = 1.0) -> torch.Tensor:
+def next_tokens(logits: torch.Tensor, *, greedy: bool, temperature: float = 1.0, top_p: float = 1.0, uniform: torch.Tensor | None = None) -> torch.Tensor:
     """(A,) the next token of each row from its (A, V) logits: the argmax, or a draw at `temperature` from the
     `top_p` nucleus (transformers' TopPLogitsWarper's rule: the smallest set of most likely tokens holding top_p).
 
@@ -123,7 +123,7 @@ def next_tokens(logits: torch.Tensor, *, greedy: bool, temperature: float = 1.0,
         drop[:, -1] = False  # the most likely token always stays
         logits = logits.masked_fill(drop.scatter(1, order, drop), float("-inf"))
     cdf = logits.softmax(-1).cumsum(-1)
-    draw = torch.rand(len(cdf), 1, device=cdf.device) * cdf[:, -1:]
+    draw = (torch.rand(len(cdf), device=cdf.device) if uniform is None else uniform.to(cdf.device))[:, None] * cdf[:, -1:]
     return torch.searchsorted(cdf, draw, right=True).squeeze(1).clamp(max=cdf.shape[1] - 1)  # right: a token of probability 0 never
 
 
@@ -132,7 +132,8 @@ def decode(model, rows: list[list[int]], input_ids: torch.Tensor, attention: tor
     """Each row's completion of a left-padded batch, up to and including its first id in `ends`; None where `prefill` is.
 
     A row leaves the batch when it ends (its cache rows are dropped): later steps compute only the rows still going,
-    where generate() would go on computing every row until the last one ends.
+    where generate() would go on computing every row until the last one ends. Each step draws one uniform number per
+    row of the batch, so `static_decode` (which keeps every row) gives the same completions for a seed.
     """
     start = prefill(model, rows, input_ids, attention, vision)
     if start is None:
@@ -145,7 +146,8 @@ def decode(model, rows: list[list[int]], input_ids: torch.Tensor, attention: tor
     for step in range(max_new_tokens):
         if banned:
             logits[:, banned] = float("-inf")
-        tokens = next_tokens(logits, greedy=greedy, temperature=temperature, top_p=top_p)
+        uniform = torch.rand(len(rows), device=logits.device)  # one per row of the batch, going or not: what static_decode draws
+        tokens = next_tokens(logits, greedy=greedy, temperature=temperature, top_p=top_p, uniform=uniform[going_rows])
         for row, token in zip(going_rows, tokens.tolist()):
             completions[row].append(token)
         going = ~torch.isin(tokens, end_ids)
@@ -163,13 +165,61 @@ def decode(model, rows: list[list[int]], input_ids: torch.Tensor, attention: tor
     return completions
 
 
+def static_decode(model, rows: list[list[int]], input_ids: torch.Tensor, attention: torch.Tensor, *, ends: set[int], greedy: bool,
+                  temperature: float, top_p: float, max_new_tokens: int, cache_length: int,
+                  vision: list[VisionInputs] | None = None) -> list[list[int]] | None:
+    """`decode`'s completions from a decode step of fixed shapes, compiled (`torch.compile` through transformers'
+    `get_compiled_call`; CUDA graphs on a GPU): the same completions for a seed, up to the compiled kernels' rounding.
+
+    The prefill is `decode`'s; its cache is copied into a transformers `StaticCache` of `cache_length` positions (the
+    longest prompt of the whole call plus max_new_tokens, so every batch of one size reuses one compiled step), and every
+    row stays in the batch to the end (an ended row decodes padding). None where `prefill` is, or where the model has
+    sliding-window layers (the caller then decodes eagerly).
+    """
+    from transformers import CompileConfig, StaticCache
+
+    cache = StaticCache(config=model.config, max_cache_len=cache_length)  # its tensors are allocated by the first update
+    if any(layer.is_sliding for layer in cache.layers):
+        return None
+    start = prefill(model, rows, input_ids, attention, vision)
+    if start is None:
+        return None
+    prefilled, logits = start
+    for index, layer in enumerate(prefilled.layers):
+        cache.update(layer.keys, layer.values, index)
+    del prefilled
+    width, count = input_ids.shape[1], len(rows)
+    mask = torch.cat([attention, attention.new_zeros(count, cache_length - width)], dim=1)  # one shape for every step
+    positions = attention.sum(-1, keepdim=True)
+    end_ids = torch.tensor(sorted(ends), device=input_ids.device)
+    banned = placeholder_ids(model.config)
+    mode = "reduce-overhead" if input_ids.device.type == "cuda" else "default"  # reduce-overhead: CUDA graphs
+    step_call = model.get_compiled_call(CompileConfig(mode=mode, dynamic=False))
+    completions: list[list[int]] = [[] for _ in rows]
+    ended = torch.zeros(count, dtype=torch.bool, device=input_ids.device)
+    for step in range(max_new_tokens):
+        if banned:
+            logits[:, banned] = float("-inf")
+        tokens = next_tokens(logits, greedy=greedy, temperature=temperature, top_p=top_p, uniform=torch.rand(count, device=logits.device))
+        for row in (~ended).nonzero().squeeze(1).tolist():
+            completions[row].append(int(tokens[row]))
+        ended |= torch.isin(tokens, end_ids)
+        if step == max_new_tokens - 1 or ended.all():
+            break
+        mask[:, width + step] = 1
+        logits = step_call(input_ids=tokens[:, None], attention_mask=mask, position_ids=positions + step, cache=cache, use_cache=True,
+                           logits_to_keep=1).logits[:, -1].float()
+    return completions
+
+
 def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, greedy: bool, temperature: float = 1.0,
              top_p: float = 1.0, max_new_tokens: int = 16, batch_size: int = 256, seed: int = 0, progress: bool = False,
-             autocast=None, images: list[list] | None = None, processor=None) -> Completions:
+             autocast=None, images: list[list] | None = None, processor=None, compiled: bool = False) -> Completions:
     """Sample (or greedily decode) `samples_per_prompt` completions for each prompt, in batches.
 
     Each batch is prefilled once per distinct prompt and decoded step by step (`decode`: rows that end leave the
-    batch; `next_tokens` draws); a completion ends at the first of any EOS id (`eos_token_ids`). `autocast` is the
+    batch; `next_tokens` draws; `compiled`: `static_decode`, a compiled step of fixed shapes, for a GPU, where an
+    eager step is bound by kernel launches); a completion ends at the first of any EOS id (`eos_token_ids`). `autocast` is the
     precision context of the forward passes (see precision.py). `images`: each prompt's PIL images, which a
     vision-language policy's `processor` turns into image tokens and pixel inputs (rl_assets.core.vision).
     """
@@ -188,6 +238,7 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
                              suppress=placeholder_ids(model.config))
     out = Completions([], [], [], [], vision=vision)
     batches = range(0, len(expanded), batch_size)
+    cache_length = max(map(len, expanded), default=0) + max_new_tokens  # static_decode's, the same for every batch
     with plain_generation_defaults(model), autocast or contextlib.nullcontext():
         for start in tqdm(batches, desc="generate", disable=None if progress else True, leave=False):  # None: only on a terminal
             chunk = expanded[start : start + batch_size]
@@ -195,12 +246,18 @@ def generate(model, tokenizer, prompts: list[str], samples_per_prompt: int, *, g
             input_ids = torch.tensor([[tokenizer.pad_token_id] * (width - len(ids)) + ids for ids in chunk])  # generation pads on the left
             attention = torch.tensor([[0] * (width - len(ids)) + [1] * len(ids) for ids in chunk])
             with torch.no_grad():
-                rows = None if model.config.is_encoder_decoder else decode(
-                    model, chunk, input_ids.to(device), attention.to(device), ends=ends, greedy=greedy, temperature=temperature, top_p=top_p,
-                    max_new_tokens=max_new_tokens, vision=vision[start : start + batch_size] if vision else None)
+                chunk_vision = vision[start : start + batch_size] if vision else None
+                rows = None
+                if compiled and not model.config.is_encoder_decoder:
+                    rows = static_decode(model, chunk, input_ids.to(device), attention.to(device), ends=ends, greedy=greedy,
+                                         temperature=temperature, top_p=top_p, max_new_tokens=max_new_tokens, cache_length=cache_length,
+                                         vision=chunk_vision)
+                if rows is None and not model.config.is_encoder_decoder:
+                    rows = decode(model, chunk, input_ids.to(device), attention.to(device), ends=ends, greedy=greedy, temperature=temperature,
+                                  top_p=top_p, max_new_tokens=max_new_tokens, vision=chunk_vision)
                 if rows is None:  # a model with a cache of its own kind
                     rows = model.generate(input_ids=input_ids.to(device), attention_mask=attention.to(device), generation_config=config,
-                                          **batched(vision[start : start + batch_size] if vision else None, model, input_ids))[:, width:].tolist()
+                                          **batched(chunk_vision, model, input_ids))[:, width:].tolist()
             for ids, row in zip(chunk, rows):
                 completion, truncated = cut_at_eos(row, ends)
                 out.prompt_ids.append(list(ids))

@@ -59,7 +59,8 @@ def sample_rollouts(model, tokenizer, prompts: pa.Table, params: RolloutsParams,
     else:
         result = generate(model, tokenizer, chosen["prompt"].to_pylist(), G, greedy=False, temperature=params.temperature,
                           top_p=params.top_p, max_new_tokens=params.max_new_tokens, batch_size=params.batch_size,
-                          seed=sample_seed, progress=progress, autocast=autocast, images=images, processor=processor)
+                          seed=sample_seed, progress=progress, autocast=autocast, images=images, processor=processor,
+                          compiled=params.decode == "compiled")
     logprobs = []
     with torch.no_grad(), autocast or contextlib.nullcontext():
         for start in range(0, len(result.texts), params.logprob_batch_size):

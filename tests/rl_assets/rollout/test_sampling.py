@@ -201,6 +201,47 @@ def test_each_step_sees_the_logits_of_its_whole_sequence_run_alone(monkeypatch):
                 assert torch.allclose(logit, alone, atol=1e-4), (step, row)
 
 
+@pytest.mark.e2e  # compiling the decode step takes ~10-20 s on a CPU
+def test_the_compiled_static_decode_sees_the_eager_logits_and_gives_the_eager_completions(monkeypatch):
+    """rollouts.decode: compiled keeps every row in a static cache and runs a torch.compile'd step: each step's logits of
+    the rows still going are the eager loop's (so positions, masks and the cache line up), and the completions are the
+    same for a seed, sampled and greedy, rows ending at different steps, over batches of two sizes."""
+    import rl_assets.rollout.generation as generation
+
+    tiny_model, tokenizer = shared_tiny_model(), build_tiny_tokenizer()
+    encoded = [tokenizer(p)["input_ids"] for p in PROMPTS for _ in range(3)]
+    input_ids, attention = _left_padded(encoded, tokenizer.pad_token_id)
+    ends = set(range(0, tiny_model.config.vocab_size, 3))  # rows end at different steps
+    seen, draw = [], generation.next_tokens
+    monkeypatch.setattr(generation, "next_tokens", lambda logits, **kwargs: seen.append(logits.clone()) or draw(logits, **kwargs))
+    with torch.no_grad():
+        torch.manual_seed(0)
+        eager = generation.decode(tiny_model, encoded, input_ids, attention, ends=ends, greedy=False, temperature=1.0, top_p=1.0, max_new_tokens=7)
+        eager_logits, seen[:] = list(seen), []
+        torch.manual_seed(0)
+        static = generation.static_decode(tiny_model, encoded, input_ids, attention, ends=ends, greedy=False, temperature=1.0, top_p=1.0,
+                                          max_new_tokens=7, cache_length=input_ids.shape[1] + 9)  # longer than this batch needs
+    assert static == eager and len(set(map(len, eager))) > 1
+    assert len(seen) == len(eager_logits)
+    for step, (all_rows, going_rows) in enumerate(zip(seen, eager_logits)):
+        going = [row for row, completion in enumerate(eager) if len(completion) > step]
+        assert torch.allclose(all_rows[going], going_rows, atol=1e-5), step
+    monkeypatch.setattr(generation, "next_tokens", draw)
+
+    saved, calls = tiny_model.generation_config.eos_token_id, []
+    tiny_model.generation_config.eos_token_id = sorted(ends)
+    static_decode = generation.static_decode
+    monkeypatch.setattr(generation, "static_decode", lambda *args, **kwargs: calls.append(len(args[1])) or static_decode(*args, **kwargs))
+    try:
+        for greedy in (False, True):
+            expected = generate(tiny_model, tokenizer, PROMPTS, 3, greedy=greedy, max_new_tokens=7, batch_size=8, seed=5)
+            compiled = generate(tiny_model, tokenizer, PROMPTS, 3, greedy=greedy, max_new_tokens=7, batch_size=8, seed=5, compiled=True)
+            assert compiled.completion_ids == expected.completion_ids and compiled.truncated == expected.truncated
+    finally:
+        tiny_model.generation_config.eos_token_id = saved
+    assert calls == [8, 4] * 2  # the compiled path ran, for every batch
+
+
 def test_next_tokens_draws_the_tempered_nucleus_distribution():
     from rl_assets.rollout.generation import next_tokens
 
