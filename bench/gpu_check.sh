@@ -158,6 +158,7 @@ step() {  # step NAME COMMAND...: runs with the time that is left, log in $WORK/
     exit 1
   fi
   echo "$name: $((SECONDS - started)) s"
+  echo "$name $((SECONDS - started))" >>"$WORK/step_seconds.txt"
 }
 profiled() {  # profiled NAME: python's arguments for module rl_assets.run.step, under cProfile when PROFILE=1
   if [ -n "${PROFILE:-}" ]; then echo -m cProfile -o "$WORK/$1.prof" -m rl_assets.run.step; else echo -m rl_assets.run.step; fi
@@ -237,6 +238,11 @@ completion_tps = card["metrics"]["tokens_per_second"]  # completion tokens in th
 train_tps = completion_tps * tokens / rollouts["completion_tokens"]  # every row is used each epoch: prompt tokens ride along
 rollout_tps = rollouts["completion_tokens"] / rollouts["seconds"]
 mfu = lambda flops: round(flops / peak, 4) if peak else None  # noqa: E731
+walls = {name: int(seconds) for name, seconds in (line.split() for line in Path("step_seconds.txt").read_text().splitlines())}
+# The round (rollouts, rewards, train steps, each with its process start, loading, hashing, saving and the held-out
+# evaluation of the new checkpoint) against its two model loops: sampling with the log-prob pass, and the training loop.
+round_wall = walls["rollouts"] + walls["rewards"] + walls["train"]
+in_loops = rollouts["seconds"] + card["metrics"].get("loop_seconds", 0.0)
 summary = {
     "gpu": sys.argv[3], "shape": sys.argv[4], "decode": sys.argv[5], "parameters": n, "peak_tflops": peak and peak / 1e12,
     "rollouts": {"completions": rollouts["rows"], "mean_completion_tokens": round(rollouts["completion_tokens"] / rollouts["rows"], 1),
@@ -247,12 +253,15 @@ summary = {
               "mfu": mfu(6 * n * train_tps), "mfu_completion_tokens_only": mfu(6 * n * completion_tps),
               # what the pipeline itself reports in the checkpoint card (rl_assets/run/hardware.py)
               "card": {key: card["metrics"].get(key) for key in ("sequence_tokens_per_second", "model_tflops_per_second", "mfu", "busy_share")}},
+    "round": {"step_seconds": walls, "round_seconds": round_wall, "model_loop_seconds": round(in_loops, 1),
+              "outside_loops_share": round(1 - in_loops / round_wall, 3) if round_wall else None},
     "plain_loop": {name: {**run, "mfu": mfu(6 * n * run["tokens_per_s"]), "trainer_vs_plain": round(train_tps / run["tokens_per_s"], 3)}
                    for name, run in plain.items()},
 }
 print(f"rollouts: {rollout_tps:,.0f} completion tokens/s ({summary['rollouts']['dtype']}); "
       f"training: {train_tps:,.0f} tokens/s ({completion_tps:,.0f} completion tokens/s, {summary['train']['mixed_precision']}); "
       f"MFU {summary['train']['mfu'] if peak else 'n/a (set PEAK_TFLOPS)'}; trainer / plain loop: "
-      + ", ".join(f"{run['trainer_vs_plain']}x vs {name}" for name, run in summary["plain_loop"].items()))
+      + ", ".join(f"{run['trainer_vs_plain']}x vs {name}" for name, run in summary["plain_loop"].items())
+      + f"; outside the model loops: {summary['round']['outside_loops_share']} of the round's {round_wall} s")
 print(json.dumps(summary, indent=2))
 EOF

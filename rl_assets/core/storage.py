@@ -16,12 +16,28 @@ from pathlib import Path
 from typing import Iterator
 
 
+REMEMBERED_SIZE = 64 << 20  # files this large (a model's weights) are hashed once per process while unchanged
+_remembered: dict[tuple[int, ...], str] = {}
+
+
 def file_hash(path: str | Path) -> str:
-    """MD5 of a file's bytes (what DVC stores for a file output)."""
+    """MD5 of a file's bytes (what DVC stores for a file output).
+
+    A process hashes a large file once while it is unchanged: a checkpoint's weights are hashed when saved (its id)
+    and again by the guard that checks that id right after. The key is the file's identity and change times, ctime
+    included: any write changes it and no call sets it back, so a file changed since is read again (file times tick
+    every few milliseconds; a run's check of its outputs at the start is another process's, which reads them anew).
+    """
+    info = os.stat(path)
+    key = (info.st_dev, info.st_ino, info.st_size, info.st_mtime_ns, info.st_ctime_ns)
+    if key in _remembered:
+        return _remembered[key]
     digest = hashlib.md5()
     with open(path, "rb") as handle:
         for block in iter(lambda: handle.read(1 << 20), b""):
             digest.update(block)
+    if info.st_size >= REMEMBERED_SIZE:
+        _remembered[key] = digest.hexdigest()
     return digest.hexdigest()
 
 

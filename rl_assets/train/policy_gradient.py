@@ -427,6 +427,7 @@ def round_metrics(total: dict, sums: dict, batch: TrainingBatch, rollouts: pa.Ta
         steps=steps,
         tokens_per_second=total["tokens_all"] / elapsed if elapsed and steps > start_step else 0.0,
         sequence_tokens_per_second=total["sequence_tokens_all"] / elapsed if elapsed and steps > start_step else 0.0,
+        loop_seconds=round(elapsed, 3),  # the training loop alone: the rest of the step is loading, the KL pass, saving
         resumed_from_step=start_step,
         reward_mean=rewards.mean().item(),
         reward_std=rewards.std().item() if rewards.numel() > 1 else 0.0,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import time
 
 import pytest
 
@@ -27,6 +28,33 @@ def test_file_hash_is_md5_of_the_bytes(tmp_path, size):
     path = tmp_path / "f.bin"
     path.write_bytes(data)
     assert file_hash(path) == hashlib.md5(data).hexdigest()
+
+
+def test_a_large_file_is_hashed_once_while_unchanged_and_again_after_any_write(tmp_path, monkeypatch):
+    """Weights are hashed when saved and checked right after: the second hash is remembered; a write in place that keeps
+    the size and puts the old mtime back still changes the ctime, so the corrupted file is read again."""
+    import rl_assets.core.storage as storage
+
+    monkeypatch.setattr(storage, "REMEMBERED_SIZE", 1024)
+    monkeypatch.setattr(storage, "_remembered", {})
+    path, data = tmp_path / "model.safetensors", os.urandom(4096)
+    path.write_bytes(data)
+    opened = []
+    real_open = open
+    monkeypatch.setattr("builtins.open", lambda *a, **k: opened.append(a[0]) or real_open(*a, **k))
+    assert file_hash(path) == file_hash(path) == hashlib.md5(data).hexdigest() and len(opened) == 1
+    before = os.stat(path)
+    time.sleep(0.05)  # file times tick with the kernel's coarse clock (a few ms)
+    with real_open(path, "r+b") as handle:  # one byte flipped in place: same size
+        handle.seek(100)
+        handle.write(bytes([data[100] ^ 0xFF]))
+    os.utime(path, ns=(before.st_atime_ns, before.st_mtime_ns))
+    corrupted = data[:100] + bytes([data[100] ^ 0xFF]) + data[101:]
+    assert file_hash(path) == hashlib.md5(corrupted).hexdigest() and len(opened) == 2
+    small = tmp_path / "table.parquet"
+    small.write_bytes(b"x" * 100)
+    file_hash(small), file_hash(small)
+    assert len(opened) == 4  # small files are read each time
 
 
 def _fill(folder, files: dict[str, bytes]):
