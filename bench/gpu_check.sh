@@ -116,7 +116,7 @@ rewards:
   functions:
     - {name: math_answer, weight: 1.0}
     - {name: format_regex, weight: 0.1, options: {pattern: '.*####\s*-?[\d,]*\.?\d+'}}
-train: {algorithm: grpo, learning_rate: 1.0e-6, epochs: 1, minibatch_size: $MINIBATCH, gradient_accumulation_steps: $ACCUM, gradient_checkpointing: true, beta: 0.0, mixed_precision: "$MIXED"}
+train: {algorithm: grpo, learning_rate: 1.0e-6, epochs: 1, minibatch_size: $MINIBATCH, gradient_accumulation_steps: $ACCUM, gradient_checkpointing: false, beta: 0.0, mixed_precision: "$MIXED"}
 evaluation: {max_prompts: 32, samples_per_prompt: 2, temperature: 1.0, max_new_tokens: $NEW, correctness: math_answer, decode: "$DECODE"}
 EOF
 else

@@ -106,6 +106,22 @@ def use_fused_head(model, temperature: float) -> None:
 
 
 PLAIN_LOGITS_MAX = 2**25  # logits (rows x kept positions x vocabulary) up to which a CPU pass computes them plainly (128 MB fp32)
+PLAIN_LOGITS_GPU_SHARE = 0.25  # of a GPU's free memory that a pass's plain logits, their float32 log-softmax and gradient may take
+BYTES_PER_PLAIN_LOGIT = 16  # the logits (up to 4 bytes), their float32 copy, log-softmax and its gradient
+
+
+def plain_logits_fit(device: torch.device, values: int) -> bool:
+    """Whether a pass may compute its `values` completion logits plainly rather than through TRL's fused head: on a
+    CPU up to PLAIN_LOGITS_MAX; on a GPU while they take at most PLAIN_LOGITS_GPU_SHARE of its free memory, where a
+    plain head is one matmul and the fused one a loop of tiles.
+
+    >>> plain_logits_fit(torch.device("cpu"), 2**25), plain_logits_fit(torch.device("cpu"), 2**25 + 1)
+    (True, False)
+    """
+    if device.type != "cuda":
+        return values <= PLAIN_LOGITS_MAX
+    free, _ = torch.cuda.mem_get_info(device)
+    return values * BYTES_PER_PLAIN_LOGIT <= free * PLAIN_LOGITS_GPU_SHARE
 
 
 def plain_rows(model, prompt_ids: list[list[int]], completion_ids: list[list[int]]) -> int:
@@ -114,7 +130,7 @@ def plain_rows(model, prompt_ids: list[list[int]], completion_ids: list[list[int
     in tiles whose temporaries reach gigabytes; a few rows at a time through plain logits take less,
     and less time here."""
     keep, vocab = _kept_logits(model, prompt_ids, completion_ids)
-    if next(model.parameters()).device.type != "cpu" or len(prompt_ids) * keep * vocab <= PLAIN_LOGITS_MAX:
+    if next(model.parameters()).device.type != "cpu" or plain_logits_fit(torch.device("cpu"), len(prompt_ids) * keep * vocab):
         return len(prompt_ids)
     return max(1, PLAIN_LOGITS_MAX // (keep * vocab))
 
@@ -129,11 +145,11 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
                         temperature: float = 1.0, with_entropy: bool = False, vision: list | None = None):
     """Per-token log-probs of each completion given its prompt, at `temperature`.
 
-    On GPUs, and wherever the logits would pass PLAIN_LOGITS_MAX values, TRL's fused LM head projects
-    the hidden states through the head in tiles, so memory grows with the completion tokens of this
-    call, never with tokens x vocabulary. On CPU TRL's head scores every position, prompt included:
-    a small pass (the usual micro-batch) asks the model for the logits of the completion positions only
-    (`logits_to_keep`): on SmolLM2-135M the fused pass ran at 0.55-0.63x of that (bench/real_model.py). Both are exact; a pass that
+    A pass whose completion logits fit (`plain_logits_fit`: a CPU's PLAIN_LOGITS_MAX, a share of a GPU's free
+    memory) asks the model for the logits of the completion positions only (`logits_to_keep`); past that TRL's fused
+    LM head projects the hidden states through the head in tiles, so memory grows with the completion tokens of this
+    call, never with tokens x vocabulary (on CPU it scores every position, prompt included: on SmolLM2-135M the fused
+    pass ran at 0.55-0.63x of the plain one, bench/real_model.py). Both are exact; a pass that
     switches between them moves a log-prob by float rounding (~1e-6). Call it through a wrapped model
     (DDP, FSDP) so gradients synchronise; run it under the step's autocast. A CPU pass without gradients takes its
     rows `plain_rows` at a time (training splits its micro-batches so, rl_assets.train.policy_gradient.train_step).
@@ -155,7 +171,7 @@ def completion_logprobs(model, prompt_ids: list[list[int]], completion_ids: list
     # A VLM's forward puts the image features at its image tokens' embeddings: it takes the token ids themselves.
     inputs = {"input_ids": input_ids, **batched(vision, model, input_ids)} if vision is not None else _token_inputs(model, input_ids)
     width, (keep, vocab) = input_ids.shape[1], _kept_logits(model, prompt_ids, completion_ids)
-    if device.type == "cuda" or len(prompt_ids) * keep * vocab > PLAIN_LOGITS_MAX:
+    if not plain_logits_fit(device, len(prompt_ids) * keep * vocab):
         use_fused_head(model, temperature)
         out = model(**inputs, attention_mask=attention, labels=labels, fused_lm_head=True)
         token_logprobs, token_entropy = out.log_probs.float(), out.entropy

@@ -188,6 +188,21 @@ def micro_weight(loss_type: str, micro_rows: int, minibatch_rows: int, world: in
     return micro_rows * world / minibatch_rows if loss_type in ("grpo", "dr_grpo") else 1 / accum
 
 
+def micro_batches(rows: torch.Tensor, lengths: torch.Tensor, accum: int, loss_type: str) -> list[torch.Tensor]:
+    """One rank's rows of an optimizer step, split into `accum` micro-batches. Where the step's gradient does not depend on
+    how rows are grouped (grpo and dr_grpo weigh each row alike, dapo divides by the minibatch's tokens), rows of
+    similar `lengths` (prompt and completion tokens) go together, so a micro-batch is little padding; bnpo averages each
+    micro-batch's tokens, so its rows stay as drawn.
+
+    >>> rows, lengths = torch.tensor([0, 1, 2, 3]), torch.tensor([5, 90, 7, 88])
+    >>> [m.tolist() for m in micro_batches(rows, lengths, 2, "grpo")], [m.tolist() for m in micro_batches(rows, lengths, 2, "bnpo")]
+    ([[0, 2], [3, 1]], [[0, 1], [2, 3]])
+    """
+    if loss_type != "bnpo":
+        rows = rows[lengths[rows].argsort(stable=True)]
+    return list(rows.tensor_split(accum))
+
+
 def shard_model(model) -> None:
     """Shard `model` over the process group with torch's FSDP2 (`fully_shard`): each decoder layer (the classes the model
     names in `_no_split_modules`, as Accelerate's auto-wrap does), then the rest. Each rank then holds 1/world of the
@@ -360,6 +375,7 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
     sums = resumed_sums or {"steps": 0, "tokens": 0.0, **dict.fromkeys(STEP_METRICS, 0.0), **dict.fromkeys(TOKEN_METRICS, 0.0)}  # this rank's
     sums.setdefault("sequence_tokens", 0.0)  # a state saved before it was counted
 
+    lengths = torch.tensor([len(p) + len(c) for p, c in zip(batch.prompt_ids, batch.completion_ids)])
     model.train()
     started, step = time.perf_counter(), 0
     bar = tqdm(total=total_steps, initial=start_step, desc="train", disable=None if progress and rank == 0 else True, leave=False)  # None: only on a terminal
@@ -369,7 +385,8 @@ def train_on_rollouts(model, rollouts: pa.Table, rewards: pa.Table, params: Trai
             step += 1
             if step <= start_step:
                 continue
-            step_sums = train_step(model, batch, rows.tensor_split(world)[rank].tensor_split(accum), accelerator, params,  # this rank's slice
+            step_sums = train_step(model, batch, micro_batches(rows.tensor_split(world)[rank], lengths, accum, params.loss_type),  # this rank's slice
+                                   accelerator, params,
                                    minibatch_rows=len(rows),
                                    num_items=batch.tokens[rows].sum().item() / accum,  # dapo: tokens of the global minibatch, per micro-step
                                    ref_model=ref_model, pad_id=pad_id, temperature=temperature, max_new_tokens=max_new_tokens)

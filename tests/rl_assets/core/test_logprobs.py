@@ -99,3 +99,18 @@ def test_a_pass_without_gradients_takes_a_few_rows_at_a_time_within_the_logits_b
         n = len(COMPLETIONS[i])
         assert mask[i].tolist() == [1.0] * n + [0.0] * (mask.shape[1] - n)
         torch.testing.assert_close(together[i, :n], row[0, :n])
+
+
+def test_a_gpu_pass_takes_plain_logits_while_they_fit_a_share_of_its_free_memory(monkeypatch):
+    """Where memory allows a GPU computes the head plainly (one matmul, as a plain training loop does); past a quarter
+    of the free memory it takes TRL's fused head, whose memory does not grow with the vocabulary."""
+    from rl_assets.core import logprobs
+
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * 2**30, 80 * 2**30))  # 8 GiB free
+    fits = 2 * 2**30 // logprobs.BYTES_PER_PLAIN_LOGIT  # 2 GiB of it
+    cuda = torch.device("cuda", 0)
+    assert logprobs.plain_logits_fit(cuda, fits) and not logprobs.plain_logits_fit(cuda, fits + 1)
+    # a GSM8K micro-batch, 16 rows x 300 completion positions x Qwen2.5's 151,936-token vocabulary (12 GB at 16 bytes a
+    # value), fits an H200's 100 GiB free, not 8 GiB; 64 such rows do not fit 100 GiB either
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (100 * 2**30, 141 * 2**30))
+    assert logprobs.plain_logits_fit(cuda, 16 * 300 * 151936) and not logprobs.plain_logits_fit(cuda, 64 * 300 * 151936)

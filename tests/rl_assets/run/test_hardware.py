@@ -36,8 +36,8 @@ def test_a_cpu_busy_share_follows_the_threads_that_computed():
         end = time.perf_counter() + 0.3
         while time.perf_counter() < end:
             pass
-    assert idle.result()["busy_share"] < 0.2
-    assert working.result()["busy_share"] == pytest.approx(1 / threads, abs=0.25)
+    # one thread of `threads` spinning: at most its share, less only when other processes take the cores
+    assert idle.result()["busy_share"] < 0.2 < working.result()["busy_share"] * threads <= 1.1
 
 
 @pytest.mark.parametrize("name, tflops", [("NVIDIA H100 80GB HBM3", 989.0), ("NVIDIA H100 PCIe", 756.0), ("NVIDIA H200", 989.0),

@@ -148,6 +148,21 @@ def test_gradient_accumulation_matches_one_big_step(rollouts, loss_type):
     assert all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
 
 
+def test_micro_batches_group_rows_of_similar_length_where_the_loss_allows(rollouts, monkeypatch):
+    """grpo's micro-batches are the step's rows by length (bnpo's stay as drawn: micro_batches' doctest); the update is the
+    one big step's (test_gradient_accumulation_matches_one_big_step)."""
+    import rl_assets.train.policy_gradient as policy_gradient
+
+    seen = []
+    step = policy_gradient.train_step
+    monkeypatch.setattr(policy_gradient, "train_step", lambda model, batch, micro, *a, **k: seen.append([m.tolist() for m in micro]) or
+                        step(model, batch, micro, *a, **k))
+    train(rollouts, [1.0, 0.0, 0.5, 0.0], TRAIN.model_copy(update={"loss_type": "grpo", "gradient_accumulation_steps": 4}))
+    lengths = [len(p) + len(c) for p, c in zip(rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist())]
+    ordered = [lengths[row] for micro in seen[0] for row in micro]
+    assert len(set(lengths)) > 1 and ordered == sorted(ordered)
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_a_micro_batch_past_the_logits_bound_trains_in_chunks_to_the_same_update(rollouts, loss_type, monkeypatch):
     """On a CPU a micro-batch whose logits pass PLAIN_LOGITS_MAX goes through two rows at a time, each chunk's loss
