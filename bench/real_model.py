@@ -1,7 +1,7 @@
 """Throughput on a real pretrained model: rl-assets' sampling, log-prob pass and training vs the plain loops, and matmul peaks.
 
     .venv/bin/python bench/real_model.py [--model base_models/smollm2-135m-instruct] [--threads 2]
-                                         [--prompts 32] [--samples 4] [--max-new-tokens 24] [--batch-size 128]
+                                         [--prompts 32] [--samples 4] [--max-new-tokens 24] [--batch-size 128] [--decode eager]
                                          [--train-rows 64] [--completion-tokens 16] [--accum 4] [--epochs 1]
                                          [--logprob-batch-size 64] [--precisions no,bf16,pure_bf16]
                                          [--cases sampling,logprobs,training,matmul] [--repeats 3] [--json PATH]
@@ -19,7 +19,8 @@ side goes first. A side's figure is the median over its calls (the best is in th
   sampling  completion tokens/s. Prompts: word-arithmetic questions ("What is 12 plus 7? Reply with just
             the number.") rendered with the tokenizer's chat template, --prompts of them x --samples each,
             in batches of --batch-size, temperature --temperature, --max-new-tokens. rl-assets:
-            `rollouts.generate(..., autocast=compute_autocast(mode))` (its time includes tokenizing the
+            `rollouts.generate(..., autocast=compute_autocast(mode))`, with `--decode compiled` its compiled static
+            loop (rollouts.decode; compiled in the untimed warm-up call) (its time includes tokenizing the
             prompts and decoding the completions). Plain: a bare `model.generate(input_ids, attention_mask,
             do_sample=True, temperature, top_k=0, top_p=1.0, max_new_tokens, pad_token_id, eos_token_id)`
             loop over left-padded batches built beforehand, under `torch.autocast("cpu", bf16)` for `bf16`
@@ -253,7 +254,8 @@ def measure_sampling(args, mode: str, models: dict, tokenizer) -> dict:
 
     def ours():
         out = generate(models["rl_assets"], tokenizer, texts, args.samples, greedy=False, temperature=args.temperature,
-                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, autocast=compute_autocast(mode, "cpu"))
+                       max_new_tokens=args.max_new_tokens, batch_size=args.batch_size, seed=args.seed, autocast=compute_autocast(mode, "cpu"),
+                       compiled=args.decode == "compiled")
         return out.completion_ids
 
     def plain():
@@ -525,6 +527,7 @@ def parse(argv=None):
     parser.add_argument("--max-new-tokens", type=int, default=24)
     parser.add_argument("--batch-size", type=int, default=128, help="sequences per generate call")
     parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--decode", choices=("eager", "compiled"), default="eager", help="rl-assets' sampling loop (rollouts.decode)")
     parser.add_argument("--train-rows", type=int, default=64, help="training (and log-prob pass) sequences; one minibatch")
     parser.add_argument("--completion-tokens", type=int, default=16, help="longest random training completion")
     parser.add_argument("--accum", type=int, default=4, help="gradient accumulation micro-batches per optimizer step")
@@ -572,7 +575,7 @@ def main(argv=None) -> None:
           f"{args.repeats} timed call(s) per side", flush=True)
     summary = {"model": str(args.model), "cpu": cpu, "threads": args.threads,
                "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
-               "sizes": {k: getattr(args, k) for k in ("prompts", "samples", "max_new_tokens", "batch_size", "temperature", "train_rows",
+               "sizes": {k: getattr(args, k) for k in ("prompts", "samples", "max_new_tokens", "batch_size", "decode", "temperature", "train_rows",
                                                        "completion_tokens", "accum", "epochs", "lr", "logprob_batch_size", "repeats", "seed")},
                "precisions": args.precision_list, "cases": args.case_list,
                "flop_formula": "training 6 x P x tokens/s, log-prob pass 2 x P x tokens/s; P = parameters - input embedding (+ LM head if tied)",
