@@ -208,6 +208,9 @@ class RolloutsParams(Section):
     batch_size: int = Field(256, ge=1, description="Sequences generated per forward batch.")
     logprob_batch_size: int = Field(64, ge=1, description="Sequences per forward pass when recomputing the stored log-probs (on a GPU memory grows with it; a CPU pass keeps its logits under 2^25 values).")
     engine: Literal["auto", "transformers", "vllm"] = Field("auto", description="auto: vLLM on a GPU when installed, else batched transformers generate.")
+    staleness: int = Field(0, ge=0, description="k: round N samples from checkpoint N-1-k, so it need not wait for round N-1's training "
+                                                "(0: from N-1, on-policy). Training corrects for the older sampler with truncated importance "
+                                                "weights (train.sampler_correction_cap) against the parent's own log-probs.")
     decode: Literal["eager", "compiled"] = Field("eager", description="eager: one forward per step as written; compiled: a step of fixed shapes through torch.compile "
                                                      "(CUDA graphs on a GPU, where an eager step waits on kernel launches), compiled once per process and "
                                                      "batch size; the same completions for a seed up to the compiled kernels' rounding. vLLM ignores it.")
@@ -353,7 +356,8 @@ class TrainParams(Section):
     beta: float = Field(0.0, ge=0, description="Weight of the k3 KL penalty to the reference (r00) policy; 0 turns it off.")
     scale_rewards: Literal["group", "batch", "none"] = Field("group", description="GRPO's std scaling of advantages; none is Dr. GRPO.")
     sampler_correction_cap: float | None = Field(3.0, gt=0, description="Cap of the truncated importance weights that correct for a sampler "
-                                                                        "other than the trainer (vLLM's own log-probs, TRL's token_truncate); null: off.")
+                                                                        "other than the trainer (vLLM's own log-probs, TRL's token_truncate; an "
+                                                                        "older checkpoint with rollouts.staleness); null: off.")
     mask_truncated_completions: bool = Field(False, description="Leave completions that hit max_new_tokens out of the loss (DAPO).")
     drop_equal_reward_groups: bool = Field(False, description="Train only on groups whose rewards differ (DAPO's dynamic-sampling filter, as "
                                                               "verl applies it): all-equal groups have advantage 0, so they are left out of "

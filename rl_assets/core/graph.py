@@ -49,6 +49,17 @@ def critic_parent(params, round_number: int) -> str:
     return "reward_model" if params.train.ppo.critic_init == "reward_model" else checkpoint_key(0)
 
 
+def sampling_checkpoint(params, n: int) -> str:
+    """The checkpoint round `n` samples its rollouts from: n-1, or n-1-k with `rollouts.staleness` k (never before r00).
+
+    >>> from types import SimpleNamespace
+    >>> p = SimpleNamespace(rollouts=SimpleNamespace(staleness=1))
+    >>> sampling_checkpoint(p, 1), sampling_checkpoint(p, 2), sampling_checkpoint(p, 5)
+    ('r00/checkpoint', 'r00/checkpoint', 'r03/checkpoint')
+    """
+    return checkpoint_key(max(0, n - 1 - params.rollouts.staleness))
+
+
 def round_outputs(params, n: int) -> list[Node]:
     """Round `n`'s outputs in the order a run writes them: rollouts, rewards, checkpoint, and PPO's critic last (the policy's
     advantages read the parent's value estimates before this round's critic is trained in place)."""
@@ -58,7 +69,7 @@ def round_outputs(params, n: int) -> list[Node]:
     value_model = algorithm(params.train.algorithm).value_model
     parent_critic = (critic_parent(params, n),) if value_model else ()
     outputs = [
-        Node(rollouts, "rollouts", n, (previous, "prompts")),
+        Node(rollouts, "rollouts", n, (sampling_checkpoint(params, n), "prompts")),
         Node(rewards, "rewards", n, (rollouts, *(("reward_model",) if uses_reward_model(params) else ()))),
         Node(checkpoint, "train", n, (rewards, rollouts, previous, *reference, *(c for c in parent_critic if c != previous))),
     ]

@@ -16,6 +16,7 @@ from typing import Callable
 from rl_assets.eval import guards
 from rl_assets.core.algorithms import algorithm
 from rl_assets.core.config import Params
+from rl_assets.core.graph import sampling_checkpoint
 from rl_assets.core.paths import checkpoint_key, data_dir, output_path, round_prefix
 
 # guard name -> (blocking, description)
@@ -32,7 +33,8 @@ CRITIC = {
     "explained_variance": (False, "The parent value model explained at least guards.explained_variance_min of the variance of "
                                   "this round's returns (a collapsing value model gives the policy noise for advantages)."),
 }
-ROLLOUTS = {**TABLE, "lineage": (True, "Sampled by the previous checkpoint on disk, from the prompts file on disk."),
+ROLLOUTS = {**TABLE, "lineage": (True, "Sampled by the checkpoint on disk the round samples from (the previous one, or an older one with "
+                                        "rollouts.staleness), from the prompts file on disk."),
             "tool_errors": (False, "Episodes: at most guards.tool_error_share_max of the tool calls failed."),
             "truncated_episodes": (False, "Episodes: at most guards.truncated_episode_share_max ended at a turn or token limit.")}
 REWARDS = {
@@ -106,7 +108,7 @@ def _rollouts(n: int):
     key = f"{round_prefix(n)}/rollouts"
     return ROLLOUTS, lambda p: {
         "schema": lambda: guards.table_schema(_out(key, p), "rollouts"),
-        "lineage": lambda: guards.rollouts_lineage(_read(_out(key, p), "rollouts"), _out(checkpoint_key(n - 1), p), _out("prompts", p)),
+        "lineage": lambda: guards.rollouts_lineage(_read(_out(key, p), "rollouts"), _out(sampling_checkpoint(p, n), p), _out("prompts", p)),
         "tool_errors": lambda: guards.tool_errors_within_limit(_read(_out(key, p), "rollouts"), p.guards.tool_error_share_max),
         "truncated_episodes": lambda: guards.truncated_episodes_within_limit(_read(_out(key, p), "rollouts"), p.guards.truncated_episode_share_max)}
 

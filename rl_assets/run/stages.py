@@ -21,7 +21,7 @@ import torch.distributed as dist
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage, save_checkpoint, save_master_weights
 from rl_assets.core.algorithms import algorithm
 from rl_assets.core.config import Params
-from rl_assets.core.graph import critic_parent
+from rl_assets.core.graph import critic_parent, sampling_checkpoint
 from rl_assets.core.paths import EVALUATION_METRICS, EVALUATION_PLOT, IMAGES, checkpoint_key, data_dir, output_path, round_prefix, train_state_dir
 from rl_assets.core.precision import compute_autocast, resolve_mixed_precision, weights_dtype
 from rl_assets.eval.reports import accuracy_plot, episodes_markdown, gain_text, markdown_table
@@ -106,14 +106,15 @@ def selection_history(params: Params, round_number: int, root: Path) -> tuple[di
 
 
 def run_rollouts(params: Params, round_number: int | None, root: Path, device: str, loaded: Loaded) -> tuple[dict, Path]:
-    """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint."""
+    """rNN/rollouts: G samples for each of B train prompts from the previous round's checkpoint (graph.sampling_checkpoint:
+    an older one with rollouts.staleness)."""
     data = data_dir(params.experiment, root)
     from rl_assets.core.vision import folder_is_vision_model, is_vision_model, load_processor
     from rl_assets.data.prompts import require_text_prompts
     from rl_assets.rollout.sampling import sample_rollouts
     from rl_assets.rollout.selection import selection_metadata
 
-    policy_path = output_path(checkpoint_key(round_number - 1), data)
+    policy_path = output_path(sampling_checkpoint(params, round_number), data)
     prompts_path = output_path("prompts", data)
     prompts = read_table(prompts_path, "prompts")
     require_text_prompts(prompts, params.model.name_or_path, reads_images=folder_is_vision_model(policy_path))
@@ -221,7 +222,7 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
                              processor=processor)
         history = metrics.pop("history")
     else:
-        from rl_assets.train.policy_gradient import loss_beta, table_group_size, train_on_rollouts
+        from rl_assets.train.policy_gradient import loss_beta, table_group_size, train_on_rollouts, with_proximal_logprobs
 
         token_advantages = None
         if trainer.value_model:  # GAE's advantages from the parent value model (the critic stage trains the next one)
@@ -230,6 +231,9 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
             token_advantages, trained_on["critic"] = targets.advantages, checkpoint_id(critic_path)
             del critic, targets
         ref_model = loaded.reference(base, device) if loss_beta(train) > 0 else None
+        # rollouts.staleness: rows an older checkpoint sampled are trained against the parent's own log-probs, weighted
+        rollouts, stale_rows = with_proximal_logprobs(model, rollouts, checkpoint_id(parent), tokenizer.pad_token_id, params.rollouts.temperature,
+                                                      params.rollouts.logprob_batch_size, compute_autocast(precision(params, device), device), vision)
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed,
                             sharding=params.compute.sharding)
         carried = parent_moments(parent, data, device) if train.carry_optimizer_state else None
@@ -250,6 +254,7 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
                     pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
                     state_dir=train_state_dir(round_number, data), fingerprint=state,
                     optimizer_state=carried, token_advantages=token_advantages, shard=params.compute.sharding == "fsdp", vision=vision)
+            metrics["stale_rows"] = stale_rows
             if model is not None:  # rank 0 (the others hold shards only)
                 metrics.update(**busy.result(), **training_utilisation(model, metrics.get("sequence_tokens_per_second", 0.0), world, device,
                                                                        params.compute.peak_tflops))
@@ -265,7 +270,8 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
     carries = optimizer_state is not None and train.carry_optimizer_state
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),
                "carries_optimizer_state": carries,  # its moments are in <data>/run_state: the next round must continue them
-               "trained_on": trained_on, "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
+               "trained_on": trained_on, "sampled_by": sorted(set(rollouts["policy_id"].to_pylist())),  # the rollouts' samplers
+               "algorithm": train.algorithm, "train": train.model_dump(mode="json"),
                "params_hash": params.section_hash("seed", "train"), "world_size": world, "metrics": metrics, "history": history,
                **stage_lineage("train", params)}
     for table_path in (rollouts_path, rewards_path):  # the code that sampled and scored what this round trained on

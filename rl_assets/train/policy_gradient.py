@@ -36,7 +36,7 @@ from rl_assets.core.precision import accelerate_mixed_precision, resolve_mixed_p
 from rl_assets.core.logprobs import completion_kl, completion_logprobs, plain_rows
 from rl_assets.train.train_state import commit_state, latest_state, state_path
 
-TOKEN_METRICS = ("clip_low", "clip_high", "clip_fraction", "kl_old", "kl_ref", "entropy")
+TOKEN_METRICS = ("clip_low", "clip_high", "clip_fraction", "kl_old", "kl_ref", "entropy", "sampler_capped")
 STEP_METRICS = ("loss", "grad_norm")
 
 
@@ -157,6 +157,35 @@ def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, gr
                          policy=policy, advantages=advantages, keep=keep,
                          tokens=torch.tensor([sum(m) for m in policy], dtype=torch.float64) * keep.double(), rewards=all_rewards,
                          vision=[vision[i] for i in rows] if vision is not None else None)
+
+
+def with_proximal_logprobs(model, rollouts: pa.Table, parent_id: str, pad_id: int, temperature: float, batch_size: int,
+                           autocast=None, vision: list | None = None) -> tuple[pa.Table, int]:
+    """Rollouts sampled by an older checkpoint than the parent `parent_id` (rollouts.staleness), set up for the decoupled
+    PPO objective: each such row's `logprobs` become the parent's own (recomputed here: the ratio and its clip are taken
+    against the policy being trained from), and what sampled it moves to `sampler_logprobs` (the sampler's engine's when
+    it reported them, else the stored trainer-precision ones), so training weights each token by min(parent / sampler,
+    train.sampler_correction_cap). Rows the parent sampled are left as they are. Returns (table, how many rows were older).
+    """
+    stale = [i for i, policy in enumerate(rollouts["policy_id"].to_pylist()) if policy != parent_id]
+    if not stale:
+        return rollouts, 0
+    prompts, completions = rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist()
+    stored, engine = rollouts["logprobs"].to_pylist(), rollouts["sampler_logprobs"].to_pylist()
+    proximal, sampler = list(stored), list(engine)
+    with torch.no_grad(), autocast or contextlib.nullcontext():
+        for start in range(0, len(stale), batch_size):
+            rows = stale[start : start + batch_size]
+            logprobs, mask = completion_logprobs(model, [prompts[i] for i in rows], [completions[i] for i in rows], pad_id, temperature,
+                                                 vision=[vision[i] for i in rows] if vision is not None else None)
+            for row, values, kept in zip(rows, logprobs.float().cpu(), mask.cpu()):
+                proximal[row] = values[: int(kept.sum())].tolist()
+                sampler[row] = engine[row] if engine[row] is not None else stored[row]
+    table = rollouts.set_column(rollouts.schema.get_field_index("logprobs"), rollouts.schema.field("logprobs"),
+                                pa.array(proximal, rollouts.schema.field("logprobs").type))
+    table = table.set_column(table.schema.get_field_index("sampler_logprobs"), table.schema.field("sampler_logprobs"),
+                             pa.array(sampler, table.schema.field("sampler_logprobs").type))
+    return table, len(stale)
 
 
 def steps_per_epoch(rows: int, table_rows: int, minibatch_size: int, processes: int) -> int:
@@ -329,6 +358,9 @@ def train_step(model, batch: TrainingBatch, micro_batches: list[torch.Tensor], a
                 accelerator.backward(loss * share * weight)
             chunk_tokens = mask.sum().item()
             metrics["entropy"] = ((entropy * mask).sum() / mask.sum().clamp(min=1)).item()
+            # the share of tokens whose importance weight for another sampler (vLLM, an older checkpoint) hit its cap
+            metrics["sampler_capped"] = 0.0 if weights is None else (((weights >= params.sampler_correction_cap) * mask).sum()
+                                                                    / mask.sum().clamp(min=1)).item()
             for key in TOKEN_METRICS:
                 sums[key] += metrics[key] * chunk_tokens
             sums["loss"] += loss.item() * share * weight

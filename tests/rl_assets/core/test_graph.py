@@ -52,6 +52,16 @@ def test_ppo_and_the_reward_model_unroll_with_their_parents(tmp_path):
     assert not any(o.stage == "critic" for o in unroll(without)) and "reward_model" not in {o.key for o in unroll(without)}
 
 
+def test_with_staleness_a_round_samples_from_the_checkpoint_k_rounds_before_its_parent():
+    """rollouts.staleness k: round N's rollouts read checkpoint N-1-k (r00 at the least), so they do not wait for round
+    N-1's training; its training still starts from N-1."""
+    by_key = {o.key: o for o in unroll(load_params("params.yaml", ["rounds=4", "rollouts.staleness=1", "train.beta=0.0"]))}
+    assert [by_key[f"r0{n}/rollouts"].inputs[0] for n in (1, 2, 3, 4)] == ["r00/checkpoint", "r00/checkpoint", "r01/checkpoint", "r02/checkpoint"]
+    assert by_key["r03/checkpoint"].inputs == ("r03/rewards", "r03/rollouts", "r02/checkpoint")
+    on_policy = {o.key: o for o in unroll(load_params("params.yaml", ["rounds=4", "train.beta=0.0"]))}
+    assert on_policy["r03/rollouts"].inputs == ("r02/checkpoint", "prompts")
+
+
 def test_the_order_a_run_writes_outputs_in_is_the_graphs(tmp_path):
     """flow_order (what a resident child writes first) keeps the graph's order, PPO's critic after the round's checkpoint."""
     for params in (ppo_params(tmp_path), load_params("params.yaml")):

@@ -148,6 +148,27 @@ def test_gradient_accumulation_matches_one_big_step(rollouts, loss_type):
     assert all(torch.allclose(first[k], second[k], atol=1e-6) for k in first)
 
 
+def test_rows_an_older_checkpoint_sampled_train_against_the_parents_log_probs_weighted_by_the_samplers(rollouts):
+    """rollouts.staleness: the decoupled objective. Rows whose policy_id is not the parent's get the parent's own log-probs
+    (the ratio's denominator) and keep what sampled them as sampler_logprobs (the truncated importance weight's)."""
+    from rl_assets.train.policy_gradient import with_proximal_logprobs
+
+    parent = new_tiny_model(1)  # trained since the rollouts' sampler (new_tiny_model(0), "p0")
+    table, stale = with_proximal_logprobs(parent, rollouts, "p1", pad_id=0, temperature=TEMPERATURE, batch_size=3)
+    assert stale == 4 and table["sampler_logprobs"].to_pylist() == rollouts["logprobs"].to_pylist()
+    for row in range(4):
+        expected = sequence_logprob(parent, rollouts, row)
+        assert sum(table["logprobs"][row].as_py()) == pytest.approx(expected, abs=1e-4)
+        assert abs(sum(rollouts["logprobs"][row].as_py()) - expected) > 1e-3  # the two policies do differ
+    same, none = with_proximal_logprobs(parent, rollouts, "p0", pad_id=0, temperature=TEMPERATURE, batch_size=3)
+    assert none == 0 and same is rollouts
+    cap = TRAIN.model_copy(update={"sampler_correction_cap": 1.0})  # every weight above 1 is capped: a share of the tokens
+    _, _, metrics = train(table, [1.0, 0.0, 0.5, 0.0], cap)
+    assert 0 < metrics["sampler_capped"] <= 1
+    _, _, on_policy = train(rollouts, [1.0, 0.0, 0.5, 0.0], cap)
+    assert on_policy["sampler_capped"] == 0
+
+
 def test_micro_batches_group_rows_of_similar_length_where_the_loss_allows(rollouts, monkeypatch):
     """grpo's micro-batches are the step's rows by length (bnpo's stay as drawn: micro_batches' doctest); the update is the
     one big step's (test_gradient_accumulation_matches_one_big_step)."""
