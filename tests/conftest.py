@@ -109,6 +109,15 @@ def copy_project(source: Path, destination: Path) -> Path:
     return destination
 
 
+def with_params(project: Path, change) -> Path:
+    """`project` with its params.yaml edited by `change(params)` (a dict, changed in place) and dvc.yaml made for them."""
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    change(params)
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
+    return project
+
+
 def make_micro_project(root: Path) -> Path:
     root.mkdir(parents=True)
     for name in ("rl_assets", "pipelines"):

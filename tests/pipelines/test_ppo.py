@@ -10,7 +10,7 @@ import yaml
 
 from dagster import AssetKey, DagsterInstance
 
-from conftest import REPO, copy_project, python
+from conftest import REPO, copy_project, python, with_params
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage
 from rl_assets.core.paths import flow_order
 from rl_assets.core.schemas import read_table
@@ -29,14 +29,12 @@ def ppo_project(micro_template, folder, faults: bool = False):
     reward of tests/faults.py (weight 0), so a test can stop the run at a chosen reward call."""
     from faults import fault_project
 
-    project = (fault_project if faults else copy_project)(micro_template, folder / "project")
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    params["rounds"] = 2
-    params["rollouts"].update(samples_per_prompt=1, prompts_per_round=16, max_new_tokens=6)  # enough digits that rewards differ (the guard)
-    params["train"].update(PPO)
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
-    return project
+    def change(params):
+        params["rounds"] = 2
+        params["rollouts"].update(samples_per_prompt=1, prompts_per_round=16, max_new_tokens=6)  # enough digits that rewards differ (the guard)
+        params["train"].update(PPO)
+
+    return with_params((fault_project if faults else copy_project)(micro_template, folder / "project"), change)
 
 
 @pytest.fixture(scope="module")

@@ -9,7 +9,7 @@ import json
 import pytest
 import yaml
 
-from conftest import copy_project, python
+from conftest import copy_project, python, with_params
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage
 from rl_assets.core.schemas import read_table
 from test_killed_run import kill, start_run, wait_for
@@ -20,13 +20,8 @@ ROUNDS = 3
 
 
 def stale_project(micro_template, root):
-    project = copy_project(micro_template, root / "project")
-    params = yaml.safe_load((project / "params.yaml").read_text())
-    params["rounds"] = ROUNDS
-    params["rollouts"] = {**params["rollouts"], "staleness": 1}
-    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-    python(["-m", "pipelines", "dvc-sync"], project, timeout=180)
-    return project
+    return with_params(copy_project(micro_template, root / "project"),
+                       lambda params: params.update(rounds=ROUNDS, rollouts={**params["rollouts"], "staleness": 1}))
 
 
 @pytest.fixture(scope="module")
