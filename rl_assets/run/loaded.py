@@ -4,7 +4,7 @@ A step asks for a checkpoint by path. It gets the model already in memory when t
 exactly that checkpoint (same id, dtype and device), else a fresh load. A process that runs one
 step starts empty and loads everything; the resident process (`rl_assets.run.resident`) runs a run's
 rounds with one `Loaded`, so round N+1 samples with the model round N has just trained and saved,
-and the reference stays put while training uses it (train.beta > 0). The carried AdamW moments (twice
+and the reference stays put while training uses it (train.beta > 0), or on a GPU with room for it (`reference_fits`). The carried AdamW moments (twice
 the weights) are not kept: each round reads them from <data>/run_state, so sampling never holds them.
 Both must give the same outputs (tested: bit-identical checkpoint ids), so only what equals a fresh load is kept: a full-weights policy after a round of
 the policy-gradient family, saved in the dtype it is kept in, and a value model (fp32, as saved). LoRA adapters (saving
@@ -66,6 +66,15 @@ class Loaded:
 
     def drop_reference(self) -> None:
         self._reference = None
+
+    def reference_fits(self, device: str, share: float = 0.05) -> bool:
+        """Whether the reference held now may stay loaded when only a metric needs it (train.beta 0): on a GPU where it
+        takes at most `share` of the memory (loading it again each round costs seconds there); never on a CPU, where
+        it would add to every later round's peak."""
+        if self._reference is None or not device.startswith("cuda"):
+            return False
+        size = sum(p.numel() * p.element_size() for p in self._reference[2].parameters())
+        return size <= share * torch.cuda.get_device_properties(torch.device(device)).total_memory
 
     def critic(self, path: str | Path, device: str, start: str | None = None, lora=None):
         """PPO's value model from `path` (rl_assets.train.critic.load_critic, `start` and `lora` as there): the one in memory when it

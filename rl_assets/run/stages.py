@@ -265,7 +265,7 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
     metrics["kl"] = reference_kl(model.to(device), loaded.reference(base, device), rollouts, pad_id=tokenizer.pad_token_id,
                                  temperature=params.rollouts.temperature, rows=params.guards.kl_rows, vision=vision)
     metrics["kl_rows"] = min(params.guards.kl_rows, rollouts.num_rows)
-    if not train.beta > 0:  # only this metric needs it: not kept through the next round's sampling and training (memory)
+    if not train.beta > 0 and not loaded.reference_fits(device):  # only this metric needs it: kept where memory is plenty
         loaded.drop_reference()
     carries = optimizer_state is not None and train.carry_optimizer_state
     lineage = {"round": round_number, "parent": checkpoint_id(parent), "parent_path": str(parent.relative_to(root)),

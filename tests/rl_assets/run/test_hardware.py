@@ -73,3 +73,24 @@ def test_gpu_utilisation_falls_back_to_nvidia_smi_when_nvml_is_missing(monkeypat
     monkeypatch.setattr(torch.cuda, "utilization", no_nvml)
     monkeypatch.setattr(hardware, "nvidia_smi", lambda: [{"gpu": "0", "utilization": 0.5}, {"gpu": "1", "utilization": 0.93}])
     assert hardware.gpu_utilisation("cuda:1") == 0.93 and hardware.gpu_utilisation("cuda") == 0.5
+
+
+def test_the_kl_reference_stays_loaded_only_on_a_gpu_with_room_for_it(monkeypatch):
+    """With train.beta 0 the reference serves one metric a round: kept on a GPU where it is a small share of the memory
+    (a load each round costs seconds), dropped on a CPU (it would add to every later round's peak)."""
+    from types import SimpleNamespace
+
+    from rl_assets.core.policy import build_tiny_model
+    from rl_assets.core.tokenizer import build_tiny_tokenizer
+    from rl_assets.run.loaded import Loaded
+    from rl_assets_support import TINY
+
+    loaded = Loaded()
+    assert not loaded.reference_fits("cuda:0")  # nothing held
+    model = build_tiny_model(TINY, build_tiny_tokenizer(), seed=0)
+    size = sum(p.numel() * p.element_size() for p in model.parameters())
+    loaded._reference = ("id", "cuda:0", model)
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=size * 100))
+    assert loaded.reference_fits("cuda:0") and not loaded.reference_fits("cpu")
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: SimpleNamespace(total_memory=size * 10))
+    assert not loaded.reference_fits("cuda:0")
