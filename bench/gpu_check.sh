@@ -252,7 +252,7 @@ summary = {
               "completion_tokens_per_s": round(completion_tps), "tokens_per_s": round(train_tps),
               "mfu": mfu(6 * n * train_tps), "mfu_completion_tokens_only": mfu(6 * n * completion_tps),
               # what the pipeline itself reports in the checkpoint card (rl_assets/run/hardware.py)
-              "card": {key: card["metrics"].get(key) for key in ("sequence_tokens_per_second", "model_tflops_per_second", "mfu", "busy_share")}},
+              "card": {key: card["metrics"].get(key) for key in ("sequence_tokens_per_second", "model_tflops_per_second", "mfu", "loop_busy_share")}},
     "round": {"step_seconds": walls, "round_seconds": round_wall, "model_loop_seconds": round(in_loops, 1),
               "outside_loops_share": round(1 - in_loops / round_wall, 3) if round_wall else None},
     "plain_loop": {name: {**run, "mfu": mfu(6 * n * run["tokens_per_s"]), "trainer_vs_plain": round(train_tps / run["tokens_per_s"], 3)}

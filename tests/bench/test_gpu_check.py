@@ -34,7 +34,7 @@ def test_gpu_check_dry_runs_every_step_on_cpu(tmp_path):
     assert summary["parameters"] > 0 and summary["rollouts"]["completions"] == 16 * 4
     assert positive(summary["rollouts"]["completion_tokens_per_s"]) and positive(summary["train"]["tokens_per_s"])
     card = summary["train"]["card"]  # what the pipeline itself measured (no peak on a CPU: no MFU)
-    assert positive(card["sequence_tokens_per_second"]) and 0 < card["busy_share"] <= 1 and card["mfu"] is None
+    assert positive(card["sequence_tokens_per_second"]) and 0 < card["loop_busy_share"] <= 1 and card["mfu"] is None
     assert 0 < summary["round"]["outside_loops_share"] < 1 and summary["round"]["round_seconds"] > 0  # the step-time breakdown
     plain = summary["plain_loop"]["fp32"]
     assert plain["steps"] == summary["train"]["steps"] and positive(plain["tokens_per_s"]) and positive(plain["trainer_vs_plain"])

@@ -146,10 +146,12 @@ def test_materialization_metadata(pipeline):
     assert {"loss", "clip_fraction", "grad_norm", "steps", "reward_mean", "reward_std"} <= set(train)
     assert train["reward_mean"] == pytest.approx(meta["r01/rewards"]["reward_mean"], rel=1e-6)
     assert train["grad_norm"] > 0
-    # the held-out evaluation and what the step loaded are not training metrics
-    trained = {k: v for k, v in train.items() if not k.startswith(("heldout_", "peak_")) and k != "models_loaded_from_disk"}
-    # each compute step reports its process's peak memory while writing it (a resident process: from what it already held)
-    assert all(0.1 < meta[key]["peak_rss_gb"] < 24 for key in ("r00/checkpoint", "r01/rollouts", "r01/checkpoint", "evaluation"))
+    # the held-out evaluation, what the step loaded and how it used its device are not training metrics
+    trained = {k: v for k, v in train.items() if not k.startswith(("heldout_", "peak_", "busy_")) and k != "models_loaded_from_disk"}
+    # each compute step reports its process's peak memory while writing it (a resident process: from what it already held),
+    # and its device's busy share (rl_assets.run.hardware)
+    steps = ("r00/checkpoint", "r01/rollouts", "r01/checkpoint", "evaluation")
+    assert all(0.1 < meta[key]["peak_rss_gb"] < 24 and 0 <= meta[key]["busy_share"] <= 1 and meta[key]["busy_device"] == "cpu" for key in steps)
     assert trained == pytest.approx(read_lineage(project / MICRO_OUTPUTS["r01/checkpoint"])["metrics"])
 
     assert "parameters" in meta["r00/checkpoint"]
