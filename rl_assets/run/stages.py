@@ -256,10 +256,9 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
                     optimizer_state=carried, token_advantages=token_advantages, shard=params.compute.sharding == "fsdp", vision=vision)
             metrics["stale_rows"] = stale_rows
             if model is not None:  # rank 0 (the others hold shards only)
-                # the loop's own share: the step's busy_share (run_stage) also counts loading, the KL pass and saving
-                metrics.update({"loop_" + key: value for key, value in busy.result().items() if key == "busy_share"},
-                               **training_utilisation(model, metrics.get("sequence_tokens_per_second", 0.0), world, device,
-                                                      params.compute.peak_tflops))
+                metrics.update(training_utilisation(model, metrics.get("sequence_tokens_per_second", 0.0), world, device, params.compute.peak_tflops))
+                if "busy_share" in busy.result():  # the loop's own: the step's busy_share (run_stage) also counts loading and saving
+                    metrics["loop_busy_share"] = busy.result()["busy_share"]
     if dist.is_initialized() and dist.get_rank() != 0:  # rank 0 saves and reports
         return {}, output_path(checkpoint_key(round_number), data)
     from rl_assets.train.policy_gradient import reference_kl
