@@ -11,7 +11,7 @@ from dagster import (AssetSelection, Definitions, PipesSubprocessClient, colored
                      multiprocess_executor)
 
 from pipelines.definitions.assets import data_assets
-from pipelines.definitions.compute import compute_asset
+from pipelines.definitions.compute import compute_assets
 from pipelines.launch.params import load_project_params, project_params
 from pipelines.definitions.reward_model import reward_model_asset
 from pipelines.definitions.schedules import raw_data_sensor, retrain_schedule
@@ -40,7 +40,7 @@ def defs() -> Definitions:
 
 
 def build_definitions(params: Params) -> Definitions:
-    assets = [*data_assets(params), compute_asset(params)]  # every model step in one resident op (pipelines/definitions/compute.py)
+    assets = [*data_assets(params), *compute_assets(params)]  # every model step: one resident op, or one per round and lane (compute.py)
     if (reward_model := reward_model_asset(params)) is not None:  # only when params configure one
         assets.append(reward_model)
     if params.owners:  # who to ask about an asset, shown on every asset in the UI

@@ -1,18 +1,26 @@
-"""The compute multi-asset: r00/checkpoint, every round's rollouts, rewards and checkpoint, the evaluation and the promotion.
+"""The compute multi-assets: r00/checkpoint, every round's rollouts, rewards and checkpoint, the evaluation and the promotion.
 
 Every output is an asset of its own (its materialization, data version, code version, metadata and
-guards), and the one op that writes them can be subset: a run asks for the outputs it needs (all of
+guards), and the op that writes them can be subset: a run asks for the outputs it needs (all of
 them, `r04/*`, or `r03/rewards` alone to rescore), and one child process writes them in flow order
 with the models kept loaded (rl_assets.run.resident), reporting each the moment it is done, so the UI
 fills in round by round. The op carries the GPU tags and the `gpu` pool, and launches through
 torchrun or the k8s executor like any compute step (one child per output when the step uses
 several processes).
+
+With `rollouts.staleness` k >= 1, round N samples from checkpoint N-1-k, so its sampling need not wait for round
+N-1's training. The outputs are then written by one op per round and lane (`lanes`): a sampling op (rollouts and
+rewards, the `sampler` pool) and a training op (checkpoint and PPO's critic, the `gpu` pool), so the executor runs
+round N-1's training beside round N+k-1's sampling, one op of each lane at a time. One subsettable op per lane would
+not do: Dagster splits such an op where the graph leaves and re-enters it, and consecutive checkpoints would stay in
+one invocation, which the next sampling op then waits for whole.
 """
 
+import os
 from typing import Iterator
 
-from dagster import (AssetCheckResult, AssetExecutionContext, DagsterEventType, DataVersion, MaterializeResult, PipesSubprocessClient,
-                     multi_asset)
+from dagster import (AssetCheckResult, AssetExecutionContext, AssetsDefinition, AssetSpec, DagsterEventType, DataVersion, MaterializeResult,
+                     PipesSubprocessClient, multi_asset)
 
 from pipelines.definitions.specs import compute_specs
 from pipelines.launch.checks import guard_specs
@@ -20,20 +28,60 @@ from pipelines.launch.params import ParamsResource, asset_key
 from pipelines.launch.resources import TRAINING_RETRY, compute_tags
 from pipelines.launch.steps import run_compute
 from rl_assets.core.config import Params
-from rl_assets.core.paths import flow_order, output_key
+from rl_assets.core.graph import unroll
+from rl_assets.core.paths import flow_order, output_key, round_prefix
+
+COMPUTE_OP = "compute"  # the one compute op without staleness; every lane op's name starts with it too (pipelines.launch.steps)
+SAMPLING_STAGES = {"rollouts", "rewards"}
 
 
-def compute_asset(params: Params):
-    """Every output that needs a model, as one op that can be subset; each keeps its own guards as blocking or warning checks."""
+def compute_assets(params: Params) -> list[AssetsDefinition]:
+    """Every output that needs a model: one op that can be subset, or with `rollouts.staleness` one op per round and lane."""
     specs = compute_specs(params)
+    if params.rollouts.staleness == 0:
+        return [compute_op(COMPUTE_OP, specs, params)]
+    return [compute_op(name, group, params, pool=pool, threads=threads, priority=priority)
+            for name, group, pool, threads, priority in lanes(params, specs)]
+
+
+def lanes(params: Params, specs: list[AssetSpec]) -> list[tuple[str, list[AssetSpec], str, int | None, int]]:
+    """(op name, its specs, pool, CPU threads, priority) of each op of an overlapped run, in flow order.
+
+    r00 and the evaluation with the promotion run alone (everything waits for r00; the evaluation for every checkpoint) with
+    every thread; a round's ops may run beside the other lane's, so on a CPU each takes half of the cores. Earlier rounds
+    go first when both of a lane's next ops are ready.
+    """
+    by_key = {spec.key: spec for spec in specs}
+    groups: dict[str, tuple[list[AssetSpec], str, int | None, int]] = {}
+    half = max(1, (os.cpu_count() or 2) // 2) if params.compute.device != "cuda" else None
+    for node in unroll(params):
+        spec = by_key.get(asset_key(node.key))
+        if spec is None:  # raw_data, prompts, the reward model: steps of their own
+            continue
+        if node.round is None or node.round == 0:
+            name, pool, threads, priority = f"{COMPUTE_OP}_{node.key.split('/')[0]}", "gpu", None, 0
+        else:
+            lane = "sample" if node.stage in SAMPLING_STAGES else "train"
+            name = f"{COMPUTE_OP}_{lane}_{round_prefix(node.round)}"
+            pool, threads, priority = ("sampler" if lane == "sample" else "gpu"), half, params.rounds - node.round
+        if node.stage == "promote":
+            name = f"{COMPUTE_OP}_evaluation"
+        groups.setdefault(name, ([], pool, threads, priority))[0].append(spec)
+    return [(name, group, pool, threads, priority) for name, (group, pool, threads, priority) in groups.items()]
+
+
+def compute_op(name: str, specs: list[AssetSpec], params: Params, pool: str = "gpu", threads: int | None = None,
+               priority: int = 0) -> AssetsDefinition:
+    """An op that writes `specs` (any subset of them) in one child; each output keeps its own guards as blocking or warning checks.
+    `threads`: the child's CPU threads (None: torch's default, every core); `priority`: the executor's order among ready steps."""
 
     @multi_asset(
-        name="compute",
+        name=name,
         specs=specs,
         check_specs=[check for spec in specs for check in guard_specs(spec.key)],
         can_subset=True,
-        pool="gpu",
-        op_tags=compute_tags(params.compute),
+        pool=pool,
+        op_tags={**compute_tags(params.compute), **({"dagster/priority": str(priority)} if priority else {})},
         retry_policy=TRAINING_RETRY,
     )
     def compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource) -> Iterator[MaterializeResult | AssetCheckResult]:
@@ -45,7 +93,7 @@ def compute_asset(params: Params):
         if done:
             context.log.info(f"attempt {context.retry_number + 1}: {len(done)} outputs were written by an earlier attempt of this run "
                              f"(reported again); continuing from {todo[0] if todo else 'nothing left'}")
-        for result in run_compute(context, pipes, params, todo) if todo else ():
+        for result in run_compute(context, pipes, params, todo, threads=threads) if todo else ():
             if not isinstance(result, AssetCheckResult) or (result.asset_key, result.check_name) in checks:
                 yield result
 

@@ -39,14 +39,15 @@ from rl_assets.core.stage_table import STAGE_TABLE
 from rl_assets.core.storage import content_hash
 
 
-def compute_command(keys: list[str], resolved_params: str, compute: ComputeParams) -> list[str]:
+def compute_command(keys: list[str], resolved_params: str, compute: ComputeParams, threads: int | None = None) -> list[str]:
     """The child command that writes `keys`: `python -m pipelines.launch.pipes_child KEY … --resolved-params FILE`, or the same under a launcher.
 
     torchrun when a training output uses several processes (with c10d rendezvous across `nnodes` machines), or
     `accelerate launch` with the user's config file (DeepSpeed, FSDP, …) when `compute.accelerate_config` is set.
     `resolved_params` is the step's params as it resolved them (`resolved_params_file`): the child does not resolve them again.
+    `threads`: the child's CPU threads (a step that runs beside another: pipelines.definitions.compute.lanes).
     """
-    args = [*PIPES_CHILD, *keys, "--resolved-params", resolved_params]
+    args = [*PIPES_CHILD, *keys, "--resolved-params", resolved_params, *(["--threads", str(threads)] if threads else [])]
     if not any(STAGE_TABLE[stage_of(key)[0]].distributed for key in keys):  # SFT and training scale across processes
         return [sys.executable, *args]
     if compute.accelerate_config:
@@ -98,7 +99,7 @@ def resident(compute: ComputeParams) -> bool:
 
 
 def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource,
-                keys: list[str]) -> Iterator[MaterializeResult | AssetCheckResult]:
+                keys: list[str], threads: int | None = None) -> Iterator[MaterializeResult | AssetCheckResult]:
     """Write `keys` in child processes, yielding each materialization and its guards' results the moment the child reports them.
 
     One resident child writes them all (`resident`), else one child per output, each under its own launcher. DVC's
@@ -118,7 +119,7 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
     resolved = resolved_params_file(loaded, scratch)
     try:
         for number, batch in enumerate(batches, 1):
-            command = compute_command(batch, str(resolved), loaded.compute)
+            command = compute_command(batch, str(resolved), loaded.compute, threads)
             if loaded.compute.executor == "slurm":
                 command = slurm_command(command, batch, loaded.compute, Path(tempfile.mkdtemp(prefix="job-", dir=scratch)))
             for result in run_child(context, pipes, command, batch, last=number == len(batches), scratch=scratch):
@@ -220,7 +221,7 @@ def yield_cpu_to_children(niceness: int = 19) -> None:
 
 
 def compute_step_follows(context: AssetExecutionContext) -> bool:
-    """Whether this run also runs the compute step, which records the stages waiting in the DVC journal at its end.
+    """Whether this run also runs a compute step (every compute op's name starts with `compute`), which records the stages waiting in the DVC journal at its end.
 
     Then raw_data and prompts wait there too, and one commit records them with the compute step's outputs (rather than a commit of
     their own each). A run stopped before the compute step leaves them in the journal: the CLI
@@ -230,7 +231,7 @@ def compute_step_follows(context: AssetExecutionContext) -> bool:
         steps = context.run.step_keys_to_execute
     except DagsterError:  # an asset body called directly: no run, nothing follows (DagsterInvalidPropertyError)
         return False
-    return steps is None or "compute" in steps
+    return steps is None or any(step.startswith("compute") for step in steps)
 
 
 def _log_done(context: AssetExecutionContext, key: str, metadata: dict) -> None:

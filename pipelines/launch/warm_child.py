@@ -1,17 +1,21 @@
-"""A compute child started before its step, so that its imports are off the run's path.
+"""Compute children forked from a process that has already imported torch, transformers and TRL.
 
 A compute child spends 3-4 s importing torch, transformers and TRL before it writes anything. A CLI run
-whose selection needs a compute step starts one child up front (`WarmChild`): it imports those modules
-while Dagster creates the run and the raw_data and prompts steps run, then waits. The compute step hands
-it its command (`take`), which it runs as `python -m pipelines.launch.pipes_child` would, with the step's stdin,
-stdout, stderr, working directory and environment; the step waits on it as on a child of its own.
+whose selection needs a compute step starts one warm process up front (`WarmChild`): it imports those modules
+while Dagster creates the run and the raw_data and prompts steps run, then waits. Each compute step hands it
+its command (`take`); the warm process forks, and the fork runs it as `python -m pipelines.launch.pipes_child`
+would, with the step's stdin, stdout, stderr, working directory and environment, while the warm process waits
+for the next step's command. The step waits on the fork as on a child of its own; the warm process writes the
+fork's exit status where the step reads it. A run of one op per round and lane (`rollouts.staleness`) starts a
+dozen compute children: each starts in a fraction of a second instead of repeating the imports beside the other
+lane's work.
 
-Only a plain one-process child command is handed over (no torchrun or accelerate launcher), only once
-(a retry or a second child starts fresh), and only when the step's environment differs from the one the
-child imported under in nothing but the Pipes session's and the step's own variables: anything else
-(a variable read at import time) starts a fresh child, as does a warm child that is gone or not there.
-The CLI is its parent: it writes the child's exit status where the step reads it, and kills a child that
-was never used, or outlived its run, when the run ends.
+The warm process imports only: it starts no thread, runs no torch op and never touches CUDA, so a fork of it is
+a fresh process as far as they are concerned. Only a plain one-process child command is handed over (no torchrun or
+accelerate launcher), and only when the step's environment differs from the one the warm process imported under in
+nothing but the Pipes session's and the step's own variables: anything else (a variable read at import time)
+starts a fresh child, as does a warm process that is gone or not there. The CLI is its parent: it kills it when
+the run ends.
 """
 
 from __future__ import annotations
@@ -20,6 +24,7 @@ import contextlib
 import json
 import os
 import shutil
+import signal
 import socket
 import subprocess
 import sys
@@ -30,12 +35,12 @@ from pathlib import Path
 
 from pipelines.launch.pipes_child import ERROR_DIR_ENV
 
-WARM_CHILD_ENV = "RL_ASSETS_WARM_CHILD"  # the warm child's folder: its socket and, once it has exited, its exit status
+WARM_CHILD_ENV = "RL_ASSETS_WARM_CHILD"  # the warm process's folder: its socket and the exit status of each child it forked
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}  # every compute child's, the warm one's from the start
 PIPES_CHILD = ["-m", "pipelines.launch.pipes_child"]
 # What may differ between the warm child's environment and the step's: set per step, and read at run time, not on import.
 PER_STEP = {WARM_CHILD_ENV, "DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES", ERROR_DIR_ENV}
-ACCEPT_SECONDS = 120.0  # how long a step waits for the warm child to finish its imports and take the command
+ACCEPT_SECONDS = 120.0  # how long a step waits for the warm process to finish its imports and take the command
 
 
 class WarmChild:
@@ -45,7 +50,7 @@ class WarmChild:
         self.folder = Path(tempfile.mkdtemp(prefix="rl-assets-warm-"))
         listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listener.bind(str(self.folder / "socket"))
-        listener.listen(1)  # bound before the child starts: a step that comes early waits in the backlog, never refused
+        listener.listen(8)  # bound before the child starts: a step that comes early waits in the backlog, never refused
         with listener:
             command = [sys.executable, "-m", "pipelines.launch.warm_child", str(listener.fileno()), str(os.getpid())]
             self.process = subprocess.Popen(command, pass_fds=[listener.fileno()], env={**os.environ, **CHILD_ENV}, stdin=subprocess.DEVNULL)
@@ -54,11 +59,7 @@ class WarmChild:
         os.environ[WARM_CHILD_ENV] = str(self.folder)  # before the forkserver starts: the steps forked from it inherit it
 
     def _reap(self) -> None:
-        returncode = self.process.wait()
-        partial = self.folder / "returncode.partial"
-        with contextlib.suppress(OSError):  # the folder is gone only after close(), which joins this thread first
-            partial.write_text(str(returncode))
-            partial.rename(self.folder / "returncode")
+        self.process.wait()
 
     def close(self) -> None:
         """Stop the child if it still runs (never used, or its step is gone), then remove its folder."""
@@ -95,14 +96,19 @@ def wants_warm_child(params, keys: list | None) -> bool:
 
 
 class HandedOver:
-    """The step's handle on the warm child running its command: what run_child uses of a `subprocess.Popen`."""
+    """The step's handle on the fork running its command: what run_child uses of a `subprocess.Popen`."""
 
-    def __init__(self, pid: int, folder: Path) -> None:
-        self.pid, self.status, self.returncode = pid, folder / "returncode", None
+    def __init__(self, pid: int, folder: Path, warm: int) -> None:
+        self.pid, self.status, self.warm, self.returncode = pid, status_file(folder, pid), warm, None
 
     def poll(self) -> int | None:
-        if self.returncode is None and self.status.is_file():
-            self.returncode = int(self.status.read_text())
+        if self.returncode is None:
+            if self.status.is_file():
+                self.returncode = int(self.status.read_text())
+            elif not alive(self.warm) and not self.status.is_file():
+                # The warm process is gone, so nobody will write the status; the fork ends within a second of it
+                # (rl_assets.run.process.exit_with_launcher). Reported as killed, as the warm process was.
+                self.returncode = -signal.SIGKILL
         return self.returncode
 
     def wait(self, timeout: float | None = None) -> int:
@@ -119,8 +125,29 @@ class HandedOver:
                 os.kill(self.pid, number)
 
 
+def status_file(folder: Path, pid: int) -> Path:
+    return folder / f"{pid}.returncode"
+
+
+def alive(pid: int) -> bool:
+    """Whether `pid` runs: not ended, and not a zombie (ended, its parent not having reaped it yet)."""
+    if not Path("/proc").is_dir():  # not Linux: a zombie counts as running
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return False
+        except PermissionError:
+            pass
+        return True
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except (OSError, IndexError):
+        return False
+    return state != "Z"
+
+
 def take(command: list[str], cwd: str | None, env: dict[str, str]) -> tuple[HandedOver | None, str]:
-    """Hand `command` to this run's warm child: (its handle, '') or (None, why not) when a fresh child must start."""
+    """Hand `command` to this run's warm process: (a handle on the fork that runs it, '') or (None, why not) when a fresh child must start."""
     folder = os.environ.get(WARM_CHILD_ENV)
     if not folder:
         return None, "no warm child in this run"
@@ -134,30 +161,66 @@ def take(command: list[str], cwd: str | None, env: dict[str, str]) -> tuple[Hand
             socket.send_fds(connection, [b"\n"], [0, 1, 2])
             connection.sendall(json.dumps(request).encode() + b"\n")
             reply = json.loads(connection.makefile("rb").readline() or b"{}")
-    except (OSError, ValueError) as error:  # gone (used by an earlier child, or died), or too slow
+    except (OSError, ValueError) as error:  # gone (died, or the run is ending), or too slow
         return None, f"the warm child did not answer ({error})"
     if "pid" not in reply:
         return None, reply.get("refused", "the warm child closed the connection")
-    return HandedOver(reply["pid"], Path(folder)), ""
+    return HandedOver(reply["pid"], Path(folder), reply["warm"]), ""
 
 
 def serve(listener: socket.socket, parent: int) -> int:
-    """The child's side: import what a compute child imports, take one command, run it as pipes_child's `main`."""
+    """The warm process's side: import what a compute child imports, then fork a child for each command a step hands over.
+
+    Returns in a fork, with the exit status of the command it ran, or in the warm process once the CLI is gone (0).
+    """
     started_with = dict(os.environ)
+    folder = Path(listener.getsockname()).parent
     try:
-        connection, fds, request = _wait_for_command(listener, parent)
+        _import_child_modules()
     except KeyboardInterrupt:  # Ctrl-C reaches the CLI's process group before any command came: nothing to say
         return 130
-    if connection is None:
-        return 0
-    # Compared with the environment it imported under. A variable that the imports set (torch's inductor cache folder,
-    # which the step's own imports set too) is no difference when they set it to the step's value.
-    differ = sorted(name for name in set(started_with) | set(request["env"]) if started_with.get(name) != request["env"].get(name))
-    if unexpected := [name for name in differ if name not in PER_STEP and os.environ.get(name) != request["env"].get(name)]:
-        connection.sendall(json.dumps({"refused": f"the step's environment differs in {', '.join(unexpected)}"}).encode() + b"\n")
-        return 0
-    connection.sendall(json.dumps({"pid": os.getpid()}).encode() + b"\n")
-    connection.close()
+    signal.signal(signal.SIGCHLD, lambda *_: _reap_forks(folder))
+    while True:
+        try:
+            connection, fds, request = _wait_for_command(listener, parent)
+        except KeyboardInterrupt:
+            return 130
+        if connection is None:
+            return 0
+        # Compared with the environment it imported under. A variable that the imports set (torch's inductor cache folder,
+        # which the step's own imports set too) is no difference when they set it to the step's value.
+        differ = sorted(name for name in set(started_with) | set(request["env"]) if started_with.get(name) != request["env"].get(name))
+        if unexpected := [name for name in differ if name not in PER_STEP and os.environ.get(name) != request["env"].get(name)]:
+            connection.sendall(json.dumps({"refused": f"the step's environment differs in {', '.join(unexpected)}"}).encode() + b"\n")
+        elif (pid := os.fork()) == 0:
+            signal.signal(signal.SIGCHLD, signal.SIG_DFL)  # the command's own children are its own to wait for
+            listener.close()
+            connection.close()
+            return _run_command(fds, request, differ)
+        else:
+            connection.sendall(json.dumps({"pid": pid, "warm": os.getpid()}).encode() + b"\n")
+        connection.close()
+        for fd in fds:
+            os.close(fd)
+
+
+def _reap_forks(folder: Path) -> None:
+    """Write the exit status of every fork that has ended (as `subprocess.Popen.returncode` gives it) where its step reads it."""
+    while True:
+        try:
+            pid, status = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if pid == 0:
+            return
+        partial = status_file(folder, pid).with_suffix(".partial")
+        with contextlib.suppress(OSError):  # the folder is gone: the run has ended
+            partial.write_text(str(os.waitstatus_to_exitcode(status)))
+            partial.rename(status_file(folder, pid))
+
+
+def _run_command(fds: list[int], request: dict, differ: list[str]) -> int:
+    """In the fork: take the step's stdin, stdout, stderr, working directory and variables, then run pipes_child's `main`."""
     sys.stdout.flush()
     sys.stderr.flush()
     for target, fd in enumerate(fds):  # the step's stdin, stdout and stderr, as a child it started would have
@@ -175,13 +238,15 @@ def serve(listener: socket.socket, parent: int) -> int:
     return pipes_child.main(request["argv"][3:])
 
 
-def _wait_for_command(listener: socket.socket, parent: int):
-    """Import, then wait for the step: (connection, its stdin/stdout/stderr, the request), or Nones when the CLI is gone."""
+def _import_child_modules() -> None:
     import dagster_pipes  # noqa: F401  - pipes_child.run's imports, in its order
     import rl_assets.run.step  # noqa: F401
     import rl_assets.run.process  # noqa: F401
     import rl_assets.run.resident  # noqa: F401  - torch, transformers, TRL
 
+
+def _wait_for_command(listener: socket.socket, parent: int):
+    """Wait for a step: (connection, its stdin/stdout/stderr, the request), or Nones when the CLI is gone."""
     listener.settimeout(1.0)
     while True:
         try:
@@ -190,7 +255,6 @@ def _wait_for_command(listener: socket.socket, parent: int):
         except TimeoutError:
             if os.getppid() != parent:  # the CLI is gone: nobody will hand over a command
                 return None, None, None
-    listener.close()
     connection.settimeout(None)
     _, fds, _, _ = socket.recv_fds(connection, 1, 3)
     return connection, fds, json.loads(connection.makefile("rb").readline())

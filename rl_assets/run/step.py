@@ -32,6 +32,8 @@ def parse_args(argv: list[str] | None = None, prog: str = "python -m rl_assets.r
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE")
     parser.add_argument("--resolved-params", metavar="FILE", help="params already resolved by the orchestrator (JSON of every field: "
                         "file, ${VAR} and --set applied once), instead of --params and --set")
+    parser.add_argument("--threads", type=int, default=None, metavar="N", help="torch's CPU threads (default: torch's, every core); "
+                        "a run whose sampling and training overlap gives each step half")
     args = parser.parse_args(argv)
     if args.resolved_params and args.overrides:
         parser.error("--resolved-params already has the overrides applied; --set goes with --params")
@@ -87,6 +89,10 @@ def run(args: argparse.Namespace, params: Params, reporter=printed, launched: bo
     from rl_assets.run.stages import run_stage
 
     quiet_step()
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
     rank = start_distributed(params)
     reporting = rank == reporting_rank(launched)  # a collective: before any stage's, on every machine of the step alike
     if args.stage is not None:  # as an Output, as write_outputs gives them (it runs no guards: a stage by name is unguarded)

@@ -156,3 +156,35 @@ def test_every_asset_reads_what_the_stage_graph_says(graph):
     assert {o.key for o in outputs} == {k.to_user_string() for k in graph.get_all_asset_keys()}
     for output in outputs:
         assert {p.to_user_string() for p in graph.get(key(output.key)).parent_keys} == set(output.inputs), output.key
+
+
+def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampling():
+    """k=1: one op per round and lane; train_rNN and sample_r(N+1) have no path between them (the executor runs them at once), each
+    lane keeps one op at a time through its pool, and a lane op takes half the CPU threads. k=0 keeps the one resident op."""
+    from pipelines.definitions.compute import compute_assets
+
+    ops = {a.op.name: a for a in compute_assets(load_params(REPO / "params.yaml", ["rounds=3", "rollouts.staleness=1"]))}
+    keys = {name: {k.to_user_string() for k in a.keys} for name, a in ops.items()}
+    assert keys == {"compute_r00": {"r00/checkpoint"}, "compute_evaluation": {"evaluation", "promoted_model"},
+                    **{f"compute_sample_r0{n}": {f"r0{n}/rollouts", f"r0{n}/rewards"} for n in (1, 2, 3)},
+                    **{f"compute_train_r0{n}": {f"r0{n}/checkpoint"} for n in (1, 2, 3)}}
+    op_of = {k: name for name, ks in keys.items() for k in ks}
+    upstream = {name: {op_of[d.to_user_string()] for deps in a.asset_deps.values() for d in deps if d.to_user_string() in op_of} - {name}
+                for name, a in ops.items()}
+
+    def before(op):  # every op that must finish before `op` starts
+        seen, todo = set(), list(upstream[op])
+        while todo:
+            if (o := todo.pop()) not in seen:
+                seen.add(o)
+                todo += upstream[o]
+        return seen
+
+    assert "compute_train_r01" not in before("compute_sample_r02") and "compute_sample_r02" not in before("compute_train_r01")
+    assert "compute_train_r02" not in before("compute_sample_r03") and "compute_sample_r03" not in before("compute_train_r02")
+    assert "compute_train_r01" in before("compute_sample_r03")  # r03 samples from r01
+    assert [ops[f"compute_sample_r0{n}"].op.pools for n in (1, 2, 3)] == [{"sampler"}] * 3
+    assert [ops[f"compute_train_r0{n}"].op.pools for n in (1, 2, 3)] == [{"gpu"}] * 3
+    assert [name for name in ops] == ["compute_r00", "compute_sample_r01", "compute_train_r01", "compute_sample_r02", "compute_train_r02",
+                                      "compute_sample_r03", "compute_train_r03", "compute_evaluation"]
+    assert [a.op.name for a in compute_assets(load_params(REPO / "params.yaml", ["rounds=3"]))] == ["compute"]

@@ -65,7 +65,7 @@ def test_a_run_with_fewer_rounds_than_dvc_yaml_names_dvc_sync_once(micro_copy):
     compute = import_pipelines("pipelines.definitions.compute")
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(micro_copy)  # the asset graph of the 1-round params
-        evaluation = compute.compute_asset(load_params("params.yaml"))
+        evaluation = compute.compute_assets(load_params("params.yaml"))[0]
     warnings = record(micro_copy, "evaluation", evaluation)
     assert len(warnings) == 1
     assert warnings[0].startswith("dvc.yaml is out of date (rounds or sources changed since it was written): its stage 'evaluation' "

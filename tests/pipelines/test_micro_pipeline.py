@@ -32,7 +32,7 @@ def pipeline(micro_template, tmp_path_factory):
     with pytest.MonkeyPatch.context() as patch:
         patch.chdir(project)
         params = ParamsResource(path=str(project / "params.yaml"))
-        definitions = [*assets.data_assets(params.load()), compute.compute_asset(params.load())]
+        definitions = [*assets.data_assets(params.load()), *compute.compute_assets(params.load())]
         patch.syspath_prepend(str(project))  # the 'micro_rewards:digit_share' reward runs in this process
         patch.setenv("RL_ASSETS_DVC_COMMIT", "0")  # DVC recording is test_dvc's business
         patch.setenv("HF_HUB_OFFLINE", "1")

@@ -19,7 +19,7 @@ def test_promoted_model_asset_promotes_the_best_checkpoint(tmp_path, monkeypatch
     monkeypatch.chdir(root)
     monkeypatch.setenv("PYTHONPATH", str(REPO))  # the child imports this checkout's code from the fake project
     params = ParamsResource(path="params.yaml")
-    result = materialize([compute.compute_asset(params.load())], selection=["promoted_model"],
+    result = materialize(compute.compute_assets(params.load()), selection=["promoted_model"],
                          resources={"pipes": PipesSubprocessClient(), "params": params})
     assert result.success
     [event] = result.get_asset_materialization_events()

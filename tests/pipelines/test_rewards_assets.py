@@ -94,7 +94,7 @@ def resources(modules):
 def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(project):
     path, modules = project
     instance = DagsterInstance.ephemeral()
-    before = [modules["compute"].compute_asset(modules["params"].load_project_params())]
+    before = modules["compute"].compute_assets(modules["params"].load_project_params())
     versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
     assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
@@ -104,12 +104,12 @@ def test_changing_only_rewards_makes_rewards_stale_and_leaves_rollouts_alone(pro
 
     # another section changes: the rewards keep their code version
     write_params(path, rollouts={**micro_params()["rollouts"], "temperature": 0.5})
-    other = [modules["compute"].compute_asset(modules["params"].load_project_params())]
+    other = modules["compute"].compute_assets(modules["params"].load_project_params())
     assert stale(instance, other, REWARDS_KEY, modules) is None
 
     # only `rewards` changes: rewards is stale because its code version changed; rollouts is not
     write_params(path, rewards={"functions": [{"name": "arithmetic_answer", "weight": 2.0}]})
-    after = [modules["compute"].compute_asset(modules["params"].load_project_params())]
+    after = modules["compute"].compute_assets(modules["params"].load_project_params())
     assert stale(instance, after, REWARDS_KEY, modules).startswith("stale: its code version changed")
     # what `rl-assets run` says: the key and both values, from the params the rewards table recorded
     assert stale(instance, after, REWARDS_KEY, modules, named=True) == "stale: params changed (rewards.functions[0].weight: 1.0 -> 2.0)"
@@ -132,14 +132,14 @@ def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstre
                                         "    return [float(c.strip() == a) for c, a in zip(completions, answer)]\n")
     write_params(path, rewards={"functions": [{"name": "my_rewards:exact", "weight": 1.0}]})
     instance = DagsterInstance.ephemeral()
-    before = [modules["compute"].compute_asset(modules["params"].load_project_params())]
+    before = modules["compute"].compute_assets(modules["params"].load_project_params())
     versions = {key: version for a in before for key, version in a.code_versions_by_key.items()}
     assert materialize([stored_rollouts(path, versions[ROLLOUTS_KEY])], instance=instance).success
     assert materialize(before, selection=[REWARDS_KEY], instance=instance, resources=resources(modules)).success
     assert stale(instance, before, REWARDS_KEY, modules) is None
 
     (path / "my_rewards.py").write_text((path / "my_rewards.py").read_text().replace("c.strip() == a", "a in c"))  # the regex edit of the issue
-    after = [modules["compute"].compute_asset(modules["params"].load_project_params())]
+    after = modules["compute"].compute_assets(modules["params"].load_project_params())
     assert stale(instance, after, REWARDS_KEY, modules).startswith("stale: its code version changed")
     assert stale(instance, after, REWARDS_KEY, modules, named=True) == "stale: code changed (my_rewards.py)"  # the file, not two hashes
     assert stale(instance, after, ROLLOUTS_KEY, modules) is None
@@ -150,7 +150,7 @@ def test_editing_a_user_reward_module_makes_its_rewards_stale_and_nothing_upstre
 def test_no_reward_model_asset_unless_configured(project):
     _, modules = project
     assert modules["reward_model"].reward_model_asset(modules["params"].load_project_params()) is None
-    rewards = [modules["compute"].compute_asset(modules["params"].load_project_params())][0]
+    rewards = modules["compute"].compute_assets(modules["params"].load_project_params())[0]
     assert {d.asset_key for d in rewards.specs_by_key[REWARDS_KEY].deps} == {ROLLOUTS_KEY}
 
 
@@ -171,7 +171,7 @@ def test_reward_model_asset_trains_and_rewards_depend_on_it(project, preference_
                  rewards={"functions": [{"name": "arithmetic_answer"},
                                         {"name": "reward_model", "weight": 0.0, "options": {"path": "data/reward_model", "temperature": 2.0}}]})
     trained = modules["reward_model"].reward_model_asset(modules["params"].load_project_params())
-    round_one = [modules["compute"].compute_asset(modules["params"].load_project_params())]
+    round_one = modules["compute"].compute_assets(modules["params"].load_project_params())
     assert trained.key == AssetKey("reward_model") and trained.group_names_by_key[trained.key] == "reward_model"
     assert {d.asset_key for d in round_one[0].specs_by_key[REWARDS_KEY].deps} == {ROLLOUTS_KEY, AssetKey("reward_model")}
 

@@ -1,9 +1,10 @@
 """The compute child a CLI run starts ahead of its step (pipelines/launch/warm_child.py).
 
-The handover itself, without Dagster: the command runs in the warm child with the step's stdout/stderr,
-working directory and per-step variables, its exit status (a signal's included) reaches the step, it is
-handed over once, and a step whose environment differs otherwise gets a fresh child. That a micro
-run's compute step uses it, with the checkpoints of an uninterrupted run, is in test_killed_run.py.
+The handover itself, without Dagster: each command runs in a fork of the warm process with the step's stdout/stderr,
+working directory and per-step variables, its exit status (a signal's included) reaches the step, every step of the
+run gets a fork of its own, and a step whose environment differs otherwise gets a fresh child. That a micro
+run's compute step uses it, with the checkpoints of an uninterrupted run, is in test_killed_run.py; that the ops of an
+overlapped run (rollouts.staleness) use it, in test_staleness.py.
 """
 
 from __future__ import annotations
@@ -47,19 +48,35 @@ def test_the_command_runs_in_the_warm_child_as_in_a_fresh_one(warm, tmp_path, ca
     errors.mkdir()
     handle, why_not = take(COMMAND, str(tmp_path), step_env(warm, **{ERROR_DIR_ENV: str(errors)}))
     assert isinstance(handle, HandedOver), why_not
-    assert handle.pid == warm.process.pid
+    assert handle.pid != warm.process.pid and handle.warm == warm.process.pid  # a fork of it
     assert handle.wait(timeout=120) == DETERMINISTIC_EXIT  # the params file is missing in its working directory
     assert "error: ParamsError" in capfd.readouterr().err and "missing.yaml" in (errors / "rank0.json").read_text()
     assert json.loads((errors / "rank0.json").read_text())["kind"] == "deterministic"  # the per-step variable reached it
 
-    again, why_not = take(COMMAND, str(tmp_path), step_env(warm))
-    assert again is None and "did not answer" in why_not  # once only: a retry starts a fresh child
+    again, why_not = take(COMMAND, str(tmp_path), step_env(warm))  # the next step (or a retry) gets a fork of its own
+    assert isinstance(again, HandedOver) and again.pid not in (handle.pid, warm.process.pid), why_not
+    assert again.wait(timeout=120) == DETERMINISTIC_EXIT and warm.process.poll() is None
+
+
+def blocked_command(tmp_path) -> list[str]:
+    """A child that waits for its resolved params, a FIFO nobody writes: it runs until it is killed."""
+    os.mkfifo(tmp_path / "params.json")
+    return [*COMMAND[:4], "--resolved-params", "params.json"]
+
+
+def test_a_fork_killed_by_a_signal_reports_it_and_the_warm_process_goes_on(warm, tmp_path):
+    handle, why_not = take(blocked_command(tmp_path), str(tmp_path), step_env(warm))
+    assert isinstance(handle, HandedOver), why_not
+    time.sleep(0.5)
+    assert handle.poll() is None
+    handle.send_signal(signal.SIGKILL)
+    assert handle.wait(timeout=30) == -signal.SIGKILL and warm.process.poll() is None
 
 
 def test_a_step_whose_environment_differs_gets_a_fresh_child(warm, tmp_path):
     handle, why_not = take(COMMAND, str(tmp_path), step_env(warm, OMP_NUM_THREADS="13"))  # read when torch loads
     assert handle is None and why_not == "the step's environment differs in OMP_NUM_THREADS"
-    assert warm.process.wait(timeout=30) == 0  # it leaves, unused
+    assert warm.process.poll() is None  # still there for a step whose environment matches
 
 
 def test_only_a_one_process_pipes_child_is_handed_over(warm, tmp_path):
@@ -68,9 +85,15 @@ def test_only_a_one_process_pipes_child_is_handed_over(warm, tmp_path):
     assert warm.process.poll() is None  # still waiting for a command it can run
 
 
-def test_a_killed_warm_child_reports_the_signal_and_close_cleans_up(warm):
+def test_a_killed_warm_process_ends_its_forks_their_steps_see_it_and_close_cleans_up(warm, tmp_path):
+    handle, why_not = take(blocked_command(tmp_path), str(tmp_path), step_env(warm))
+    assert isinstance(handle, HandedOver), why_not
     os.kill(warm.process.pid, signal.SIGKILL)
-    assert HandedOver(warm.process.pid, warm.folder).wait(timeout=30) == -signal.SIGKILL  # read by the step from the CLI's reaper
+    assert handle.wait(timeout=30) == -signal.SIGKILL  # nobody is left to write its status
+    deadline = time.monotonic() + 30
+    while _alive(handle.pid):  # the fork's launcher is gone: it exits within a second (rl_assets.run.process.exit_with_launcher)
+        assert time.monotonic() < deadline, "the fork outlived the warm process"
+        time.sleep(0.2)
     folder = warm.folder
     warm.close()
     assert not folder.exists() and WARM_CHILD_ENV not in os.environ
