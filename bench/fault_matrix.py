@@ -1,13 +1,16 @@
 """Exact resume under every fault: a 2-round micro run stopped at each boundary, by each signal, then rerun.
 
-    .venv/bin/python bench/fault_matrix.py [--signals kill-group,term-cli] [--faults after,hold,reward] [--limit N]
+    .venv/bin/python bench/fault_matrix.py [--signals kill-group,term-cli] [--faults after,hold,reward] [--limit N] [--staleness K]
 
 Faults (tests/faults.py): `after:KEY` right after the CLI logs each output; `hold:N` at each reward call once
 everything before it is reported (a stop between reports, inside rewards and held-out evaluations); `reward:N`
 the reward call itself sends the signal (a crash mid-stage). Each case is a fresh copy of the micro project,
 one interrupted run and one rerun; the rerun must end with the uninterrupted run's checkpoint ids. About 25 s
 a case here (2 cores), ~50 cases in all. Prints one line a case and a summary; exit code 1 when any differs.
-`tests/pipelines/test_fault_matrix.py` runs a few of these cases in `make test`.
+`tests/pipelines/test_fault_matrix.py` runs a few of these cases in `make test`. `--staleness 1` runs the same with
+`rollouts.staleness: 1` and `compute.overlap: true`, where r02's sampling runs beside r01's training (two compute
+children at once); there the
+reward calls of the two lanes interleave, so `after` is the fault that names a moment unambiguously.
 """
 
 from __future__ import annotations
@@ -22,7 +25,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 
 import pytest  # noqa: E402
-from conftest import make_micro_project  # noqa: E402
+from conftest import make_micro_project, with_params  # noqa: E402
 from faults import OUTPUTS, SIGNALS, checkpoint_ids, fault_project, interrupted, resumed, uninterrupted  # noqa: E402
 
 
@@ -31,10 +34,13 @@ def main() -> int:
     parser.add_argument("--signals", default=",".join(SIGNALS))
     parser.add_argument("--faults", default="after,hold,reward")
     parser.add_argument("--limit", type=int, default=None, help="stop after this many cases")
+    parser.add_argument("--staleness", type=int, default=0, help="rollouts.staleness of every run (1: overlapped rounds)")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fault-matrix-"))
     try:
         template = make_micro_project(work / "template")
+        if args.staleness:
+            with_params(template, lambda params: (params["rollouts"].update(staleness=args.staleness), params["compute"].update(overlap=True)))
         reference_ids, calls = uninterrupted(fault_project(template, work / "reference"))
         kinds = args.faults.split(",")
         faults = [f"after:{key}" for key in OUTPUTS if "after" in kinds]

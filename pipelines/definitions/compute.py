@@ -9,14 +9,15 @@ torchrun or the k8s executor like any compute step (one child per output when th
 several processes).
 
 With `rollouts.staleness` k >= 1, round N samples from checkpoint N-1-k, so its sampling need not wait for round
-N-1's training. The outputs are then written by one op per round and lane (`lanes`): a sampling op (rollouts and
-rewards, the `sampler` pool) and a training op (checkpoint and PPO's critic, the `gpu` pool), so the executor runs
-round N-1's training beside round N+k-1's sampling, one op of each lane at a time. One subsettable op per lane would
+N-1's training. Where the overlap can pay (`overlapped`), the outputs are written by one op per round and lane
+(`lanes`): a sampling op (rollouts and rewards, the `sampler` pool) and a training op (checkpoint and PPO's critic,
+the `gpu` pool), so the executor runs round N-1's training beside round N+k-1's sampling, one op of each lane at a time. One subsettable op per lane would
 not do: Dagster splits such an op where the graph leaves and re-enters it, and consecutive checkpoints would stay in
 one invocation, which the next sampling op then waits for whole.
 """
 
 import os
+from pathlib import Path
 from typing import Iterator
 
 from dagster import (AssetCheckResult, AssetExecutionContext, AssetsDefinition, AssetSpec, DagsterEventType, DataVersion, MaterializeResult,
@@ -38,10 +39,21 @@ SAMPLING_STAGES = {"rollouts", "rewards"}
 def compute_assets(params: Params) -> list[AssetsDefinition]:
     """Every output that needs a model: one op that can be subset, or with `rollouts.staleness` one op per round and lane."""
     specs = compute_specs(params)
-    if params.rollouts.staleness == 0:
+    if not overlapped(params):
         return [compute_op(COMPUTE_OP, specs, params)]
     return [compute_op(name, group, params, pool=pool, threads=threads, priority=priority)
             for name, group, pool, threads, priority in lanes(params, specs)]
+
+
+def overlapped(params: Params) -> bool:
+    """Whether a round's training runs beside a later round's sampling: staleness k >= 1 and `compute.overlap` (auto: the steps
+    have a GPU, named or on this machine, or a cluster gives each its own resources)."""
+    compute = params.compute
+    if params.rollouts.staleness == 0 or compute.overlap is False:
+        return False
+    if compute.overlap is True:
+        return True
+    return compute.device == "cuda" or compute.executor in ("k8s", "slurm") or (compute.device == "auto" and Path("/dev/nvidiactl").exists())
 
 
 def lanes(params: Params, specs: list[AssetSpec]) -> list[tuple[str, list[AssetSpec], str, int | None, int]]:

@@ -44,6 +44,10 @@ class ComputeParams(Section):
     slurm: SlurmParams = Field(default_factory=SlurmParams, description="The compute steps' Slurm jobs, with executor: slurm.")
     resident: bool = Field(True, description="One child process writes all the round outputs a run asks for, models kept loaded; false: one "
                                              "process per output (always so when nproc, nnodes or accelerate_config ask for several processes).")
+    overlap: bool | Literal["auto"] = Field("auto", description="With rollouts.staleness >= 1, run a round's training beside a later "
+                                            "round's sampling (one op per round and lane). auto: where steps get devices of their own or a "
+                                            "GPU (device cuda, a GPU on this machine, or the k8s or slurm executor); not on a CPU alone, "
+                                            "where the two lanes slow each other more than they gain (docs/training.md).")
     peak_tflops: float | None = Field(None, gt=0, description="The device's dense bf16 peak in TFLOP/s, for training's MFU; absent: known "
                                        "GPUs' by name (H100, H200, A100, L4, ...), none on a CPU (set it to your CPU's to see one).")
     return_freed_memory: bool = Field(False, description="Give each freed tensor of 128 KiB or more back to the system at once (glibc's "

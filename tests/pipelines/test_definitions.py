@@ -159,11 +159,11 @@ def test_every_asset_reads_what_the_stage_graph_says(graph):
 
 
 def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampling():
-    """k=1: one op per round and lane; train_rNN and sample_r(N+1) have no path between them (the executor runs them at once), each
-    lane keeps one op at a time through its pool, and a lane op takes half the CPU threads. k=0 keeps the one resident op."""
+    """k=1 with overlap: one op per round and lane; train_rNN and sample_r(N+1) have no path between them (the executor runs them at
+    once), and each lane keeps one op at a time through its pool. k=0, or no overlap (auto on a CPU alone), keeps the one resident op."""
     from pipelines.definitions.compute import compute_assets
 
-    ops = {a.op.name: a for a in compute_assets(load_params(REPO / "params.yaml", ["rounds=3", "rollouts.staleness=1"]))}
+    ops = {a.op.name: a for a in compute_assets(load_params(REPO / "params.yaml", ["rounds=3", "rollouts.staleness=1", "compute.overlap=true"]))}
     keys = {name: {k.to_user_string() for k in a.keys} for name, a in ops.items()}
     assert keys == {"compute_r00": {"r00/checkpoint"}, "compute_evaluation": {"evaluation", "promoted_model"},
                     **{f"compute_sample_r0{n}": {f"r0{n}/rollouts", f"r0{n}/rewards"} for n in (1, 2, 3)},
@@ -187,4 +187,8 @@ def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampl
     assert [ops[f"compute_train_r0{n}"].op.pools for n in (1, 2, 3)] == [{"gpu"}] * 3
     assert [name for name in ops] == ["compute_r00", "compute_sample_r01", "compute_train_r01", "compute_sample_r02", "compute_train_r02",
                                       "compute_sample_r03", "compute_train_r03", "compute_evaluation"]
-    assert [a.op.name for a in compute_assets(load_params(REPO / "params.yaml", ["rounds=3"]))] == ["compute"]
+    for no_overlap in (["rounds=3"], ["rounds=3", "rollouts.staleness=1", "compute.overlap=false"],
+                       ["rounds=3", "rollouts.staleness=1", "compute.device=cpu"]):  # auto: not on a CPU alone
+        assert [a.op.name for a in compute_assets(load_params(REPO / "params.yaml", no_overlap))] == ["compute"], no_overlap
+    on_a_cluster = ["rounds=3", "rollouts.staleness=1", "compute.device=cpu", "compute.executor=slurm"]
+    assert len(compute_assets(load_params(REPO / "params.yaml", on_a_cluster))) == 8

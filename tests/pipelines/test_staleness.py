@@ -21,7 +21,8 @@ ROUNDS = 3
 
 def stale_project(micro_template, root):
     return with_params(copy_project(micro_template, root / "project"),
-                       lambda params: params.update(rounds=ROUNDS, rollouts={**params["rollouts"], "staleness": 1}))
+                       lambda params: params.update(rounds=ROUNDS, rollouts={**params["rollouts"], "staleness": 1},
+                                                    compute={**params["compute"], "overlap": True}))
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +62,29 @@ def test_a_run_killed_between_outputs_resumes_to_the_uninterrupted_runs_ids(stal
     kill(first)
     python(["-m", "pipelines", "run"], project, timeout=1200)
     assert ids(project) == ids(stale_run)
+
+
+def test_a_rounds_training_ran_beside_the_next_rounds_sampling(stale_run):
+    """The run's steps as Dagster logged them: r01's training overlapped r02's sampling (both wait for r00 only), one op of each
+    lane at a time, and every op but r00's and the evaluation's in a lane of its own."""
+    from dagster import DagsterEventType, DagsterInstance
+
+    with DagsterInstance.from_config(str(stale_run / ".dagster")) as instance:
+        run = instance.get_runs(limit=1)[0]
+        spans, started = {}, {}
+        for event in instance.all_logs(run.run_id):
+            kind = event.dagster_event.event_type if event.dagster_event else None
+            if kind == DagsterEventType.STEP_START:
+                started[event.step_key] = event.timestamp
+            elif kind == DagsterEventType.STEP_SUCCESS:
+                spans[event.step_key] = (started[event.step_key], event.timestamp)
+    assert set(spans) == {"raw_data", "prompts", "compute_r00", "compute_evaluation",
+                          *(f"compute_{lane}_r0{n}" for lane in ("sample", "train") for n in range(1, ROUNDS + 1))}
+
+    def overlap(a, b):
+        return min(spans[a][1], spans[b][1]) - max(spans[a][0], spans[b][0])
+
+    assert overlap("compute_train_r01", "compute_sample_r02") > 0
+    for lane in ("sample", "train"):
+        for n in range(1, ROUNDS):
+            assert overlap(f"compute_{lane}_r0{n}", f"compute_{lane}_r0{n + 1}") <= 0, (lane, n)
