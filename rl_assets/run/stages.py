@@ -222,7 +222,8 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
                              processor=processor)
         history = metrics.pop("history")
     else:
-        from rl_assets.train.policy_gradient import loss_beta, table_group_size, train_on_rollouts, with_proximal_logprobs
+        from rl_assets.train.policy_gradient import (join_rewards, loss_beta, rows_trained_on, table_group_size, train_on_rollouts,
+                                                     with_proximal_logprobs)
 
         token_advantages = None
         if trainer.value_model:  # GAE's advantages from the parent value model (the critic stage trains the next one)
@@ -232,14 +233,15 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
             del critic, targets
         ref_model = loaded.reference(base, device) if loss_beta(train) > 0 else None
         # rollouts.staleness: rows an older checkpoint sampled are trained against the parent's own log-probs, weighted
+        group_size = table_group_size(rollouts, params.rollouts.samples_per_prompt)
+        trained = rows_trained_on(join_rewards(rollouts, rewards), train, group_size, token_advantages)
         rollouts, stale_rows = with_proximal_logprobs(model, rollouts, checkpoint_id(parent), tokenizer.pad_token_id, params.rollouts.temperature,
-                                                      params.rollouts.logprob_batch_size, compute_autocast(precision(params, device), device), vision)
+                                                      params.rollouts.logprob_batch_size, compute_autocast(precision(params, device), device), vision,
+                                                      trained)
         state = fingerprint(train.model_dump(mode="json"), inputs=trained_on, parent=checkpoint_id(parent), world_size=world, seed=seed,
                             sharding=params.compute.sharding)
         carried = parent_moments(parent, data, device) if train.carry_optimizer_state else None
         if trainer.value_model and round_number <= train.ppo.critic_warmup_rounds:  # only the value model learns this round
-            from rl_assets.train.policy_gradient import join_rewards
-
             scores = join_rewards(rollouts, rewards)  # the round's reward curve goes on through the warm-up
             metrics = {"steps": 0, "critic_warmup": True, "reward_mean": scores.mean().item(),
                        "reward_std": scores.std().item() if scores.numel() > 1 else 0.0}
@@ -249,7 +251,7 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
 
             with BusyShare(device) as busy:  # the training loop's own, apart from loading and saving
                 model, metrics, history, optimizer_state = train_on_rollouts(
-                    model, rollouts, rewards, train, group_size=table_group_size(rollouts, params.rollouts.samples_per_prompt),
+                    model, rollouts, rewards, train, group_size=group_size,
                     temperature=params.rollouts.temperature,
                     pad_id=tokenizer.pad_token_id, seed=seed, max_new_tokens=params.rollouts.max_new_tokens, device=device, ref_model=ref_model,
                     state_dir=train_state_dir(round_number, data), fingerprint=state,

@@ -129,6 +129,15 @@ class TrainingBatch:
         return len(self.prompt_ids)
 
 
+def rows_trained_on(all_rewards: torch.Tensor, params: TrainParams, group_size: int,
+                    token_advantages: torch.Tensor | None = None) -> torch.Tensor | None:
+    """(N,) bool: the rows training uses, those of groups whose rewards differ, with `train.drop_equal_reward_groups` (and no
+    per-token advantages); None: every row. The others' advantages are 0: they cost compute and dilute the loss normalisation."""
+    if params.drop_equal_reward_groups and token_advantages is None:
+        return informative_rows(all_rewards, group_size)
+    return None
+
+
 def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, group_size: int,
                   token_advantages: torch.Tensor | None = None, vision: list | None = None) -> TrainingBatch:
     """Tables in, tensors out: the rewards joined, the uninformative groups dropped, the advantages, masks and token counts.
@@ -141,8 +150,7 @@ def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, gr
     rows = list(range(rollouts.num_rows))
     if algorithm(params.algorithm).advantages == "gae" and token_advantages is None:
         raise ValueError(f"train.algorithm {params.algorithm} takes its advantages from the value model (ppo_targets); none were given")
-    if params.drop_equal_reward_groups and token_advantages is None:  # their advantages are 0: they cost compute and dilute the loss normalisation
-        informative = informative_rows(all_rewards, group_size)
+    if (informative := rows_trained_on(all_rewards, params, group_size, token_advantages)) is not None:
         table, reward = rollouts.filter(pa.array(informative.tolist())), all_rewards[informative]
         rows = informative.nonzero().squeeze(1).tolist()
     if token_advantages is not None:
@@ -160,16 +168,21 @@ def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, gr
 
 
 def with_proximal_logprobs(model, rollouts: pa.Table, parent_id: str, pad_id: int, temperature: float, batch_size: int,
-                           autocast=None, vision: list | None = None) -> tuple[pa.Table, int]:
+                           autocast=None, vision: list | None = None, trained: torch.Tensor | None = None) -> tuple[pa.Table, int]:
     """Rollouts sampled by an older checkpoint than the parent `parent_id` (rollouts.staleness), set up for the decoupled
     PPO objective: each such row's `logprobs` become the parent's own (recomputed here: the ratio and its clip are taken
     against the policy being trained from), and what sampled it moves to `sampler_logprobs` (the sampler's engine's when
     it reported them, else the stored trainer-precision ones), so training weights each token by min(parent / sampler,
-    train.sampler_correction_cap). Rows the parent sampled are left as they are. Returns (table, how many rows were older).
+    train.sampler_correction_cap). Rows the parent sampled are left as they are, and so are rows outside `trained` ((N,) bool,
+    `rows_trained_on`; None: every row), which training leaves out. Returns (table, how many rows were older).
     """
-    stale = [i for i, policy in enumerate(rollouts["policy_id"].to_pylist()) if policy != parent_id]
+    policies = rollouts["policy_id"].to_pylist()
+    if any(policy != parent_id for policy in policies) and trained is not None:
+        policies = [policy if keep else parent_id for policy, keep in zip(policies, trained.tolist())]
+    stale_rows = sum(policy != parent_id for policy in rollouts["policy_id"].to_pylist())
+    stale = [i for i, policy in enumerate(policies) if policy != parent_id]
     if not stale:
-        return rollouts, 0
+        return rollouts, stale_rows
     prompts, completions = rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist()
     stored, engine = rollouts["logprobs"].to_pylist(), rollouts["sampler_logprobs"].to_pylist()
     proximal, sampler = list(stored), list(engine)
@@ -185,7 +198,7 @@ def with_proximal_logprobs(model, rollouts: pa.Table, parent_id: str, pad_id: in
                                 pa.array(proximal, rollouts.schema.field("logprobs").type))
     table = table.set_column(table.schema.get_field_index("sampler_logprobs"), table.schema.field("sampler_logprobs"),
                              pa.array(sampler, table.schema.field("sampler_logprobs").type))
-    return table, len(stale)
+    return table, stale_rows
 
 
 def steps_per_epoch(rows: int, table_rows: int, minibatch_size: int, processes: int) -> int:

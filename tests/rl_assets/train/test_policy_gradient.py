@@ -162,6 +162,11 @@ def test_rows_an_older_checkpoint_sampled_train_against_the_parents_log_probs_we
         assert abs(sum(rollouts["logprobs"][row].as_py()) - expected) > 1e-3  # the two policies do differ
     same, none = with_proximal_logprobs(parent, rollouts, "p0", pad_id=0, temperature=TEMPERATURE, batch_size=3)
     assert none == 0 and same is rollouts
+    # Rows training leaves out (groups of equal rewards) keep what they had: no pass is spent on them.
+    part, counted = with_proximal_logprobs(parent, rollouts, "p1", pad_id=0, temperature=TEMPERATURE, batch_size=3,
+                                           trained=torch.tensor([True, False, True, False]))
+    assert counted == 4 and part["logprobs"].to_pylist()[1::2] == rollouts["logprobs"].to_pylist()[1::2]
+    assert part["logprobs"].to_pylist()[0::2] == table["logprobs"].to_pylist()[0::2]
     cap = TRAIN.model_copy(update={"sampler_correction_cap": 1.0})  # every weight above 1 is capped: a share of the tokens
     _, _, metrics = train(table, [1.0, 0.0, 0.5, 0.0], cap)
     assert 0 < metrics["sampler_capped"] <= 1
