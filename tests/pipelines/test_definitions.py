@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import pytest
 import yaml
@@ -190,5 +191,13 @@ def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampl
     for no_overlap in (["rounds=3"], ["rounds=3", "rollouts.staleness=1", "compute.overlap=false"],
                        ["rounds=3", "rollouts.staleness=1", "compute.device=cpu"]):  # auto: not on a CPU alone
         assert [a.op.name for a in compute_assets(load_params(REPO / "params.yaml", no_overlap))] == ["compute"], no_overlap
+    from pipelines.definitions.compute import lanes
+    from pipelines.definitions.specs import compute_specs
+
+    for device, half in (("cpu", max(1, os.cpu_count() // 2)), ("cuda", None)):  # a lane op's child takes half the cores of a CPU
+        params = load_params(REPO / "params.yaml", ["rounds=3", "rollouts.staleness=1", f"compute.device={device}"])
+        threads = {name: threads for name, _, _, threads, _ in lanes(params, compute_specs(params))}
+        assert threads == {"compute_r00": None, "compute_evaluation": None,
+                           **{f"compute_{lane}_r0{n}": half for lane in ("sample", "train") for n in (1, 2, 3)}}, device
     on_a_cluster = ["rounds=3", "rollouts.staleness=1", "compute.device=cpu", "compute.executor=slurm"]
     assert len(compute_assets(load_params(REPO / "params.yaml", on_a_cluster))) == 8
