@@ -168,7 +168,7 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
                 context.log.debug(f"a fresh child: {why_not}")
                 process = subprocess.Popen(command, cwd=pipes.cwd, env=env)
             else:
-                context.log.debug(f"the warm child (pid {process.pid}) runs it (the step waited {time.perf_counter() - asked:.1f} s for it)")
+                context.log.debug(f"a fork of the warm child (pid {process.pid}) runs it (the step waited {time.perf_counter() - asked:.1f} s for it)")
             if last and multiprocessing.parent_process() is not None:  # a step process of its own, not a caller's (in-process run, notebook)
                 yield_cpu_to_children()
             try:

@@ -1,20 +1,20 @@
 """Compute children forked from a process that has already imported torch, transformers and TRL.
 
 A compute child spends 3-4 s importing torch, transformers and TRL before it writes anything. A CLI run
-whose selection needs a compute step starts one warm process up front (`WarmChild`): it imports those modules
+whose selection needs a compute step starts one warm child up front (`WarmChild`): it imports those modules
 while Dagster creates the run and the raw_data and prompts steps run, then waits. Each compute step hands it
-its command (`take`); the warm process forks, and the fork runs it as `python -m pipelines.launch.pipes_child`
-would, with the step's stdin, stdout, stderr, working directory and environment, while the warm process waits
-for the next step's command. The step waits on the fork as on a child of its own; the warm process writes the
+its command (`take`); the warm child forks, and the fork runs it as `python -m pipelines.launch.pipes_child`
+would, with the step's stdin, stdout, stderr, working directory and environment, while the warm child waits
+for the next step's command. The step waits on the fork as on a child of its own; the warm child writes the
 fork's exit status where the step reads it. A run of one op per round and lane (`rollouts.staleness`) starts a
 dozen compute children: each starts in a fraction of a second instead of repeating the imports beside the other
 lane's work.
 
-The warm process imports only: it starts no thread, runs no torch op and never touches CUDA, so a fork of it is
+The warm child imports only: it starts no thread, runs no torch op and never touches CUDA, so a fork of it is
 a fresh process as far as they are concerned. Only a plain one-process child command is handed over (no torchrun or
-accelerate launcher), and only when the step's environment differs from the one the warm process imported under in
+accelerate launcher), and only when the step's environment differs from the one the warm child imported under in
 nothing but the Pipes session's and the step's own variables: anything else (a variable read at import time)
-starts a fresh child, as does a warm process that is gone or not there. The CLI is its parent: it kills it when
+starts a fresh child, as does a warm child that is gone or not there. The CLI is its parent: it kills it when
 the run ends.
 """
 
@@ -35,12 +35,12 @@ from pathlib import Path
 
 from pipelines.launch.pipes_child import ERROR_DIR_ENV
 
-WARM_CHILD_ENV = "RL_ASSETS_WARM_CHILD"  # the warm process's folder: its socket and the exit status of each child it forked
+WARM_CHILD_ENV = "RL_ASSETS_WARM_CHILD"  # the warm child's folder: its socket and the exit status of each child it forked
 CHILD_ENV = {"PYTHONUNBUFFERED": "1", "TOKENIZERS_PARALLELISM": "false"}  # every compute child's, the warm one's from the start
 PIPES_CHILD = ["-m", "pipelines.launch.pipes_child"]
 # What may differ between the warm child's environment and the step's: set per step, and read at run time, not on import.
 PER_STEP = {WARM_CHILD_ENV, "DAGSTER_PIPES_CONTEXT", "DAGSTER_PIPES_MESSAGES", ERROR_DIR_ENV}
-ACCEPT_SECONDS = 120.0  # how long a step waits for the warm process to finish its imports and take the command
+ACCEPT_SECONDS = 120.0  # how long a step waits for the warm child to finish its imports and take the command
 
 
 class WarmChild:
@@ -106,8 +106,8 @@ class HandedOver:
             if self.status.is_file():
                 self.returncode = int(self.status.read_text())
             elif not alive(self.warm) and not self.status.is_file():
-                # The warm process is gone, so nobody will write the status; the fork ends within a second of it
-                # (rl_assets.run.process.exit_with_launcher). Reported as killed, as the warm process was.
+                # The warm child is gone, so nobody will write the status; the fork ends within a second of it
+                # (rl_assets.run.process.exit_with_launcher). Reported as killed, as the warm child was.
                 self.returncode = -signal.SIGKILL
         return self.returncode
 
@@ -147,7 +147,7 @@ def alive(pid: int) -> bool:
 
 
 def take(command: list[str], cwd: str | None, env: dict[str, str]) -> tuple[HandedOver | None, str]:
-    """Hand `command` to this run's warm process: (a handle on the fork that runs it, '') or (None, why not) when a fresh child must start."""
+    """Hand `command` to this run's warm child: (a handle on the fork that runs it, '') or (None, why not) when a fresh child must start."""
     folder = os.environ.get(WARM_CHILD_ENV)
     if not folder:
         return None, "no warm child in this run"
@@ -169,9 +169,9 @@ def take(command: list[str], cwd: str | None, env: dict[str, str]) -> tuple[Hand
 
 
 def serve(listener: socket.socket, parent: int) -> int:
-    """The warm process's side: import what a compute child imports, then fork a child for each command a step hands over.
+    """The warm child's side: import what a compute child imports, then fork a child for each command a step hands over.
 
-    Returns in a fork, with the exit status of the command it ran, or in the warm process once the CLI is gone (0).
+    Returns in a fork, with the exit status of the command it ran, or in the warm child once the CLI is gone (0).
     """
     started_with = dict(os.environ)
     folder = Path(listener.getsockname()).parent

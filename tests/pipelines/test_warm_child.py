@@ -1,6 +1,6 @@
 """The compute child a CLI run starts ahead of its step (pipelines/launch/warm_child.py).
 
-The handover itself, without Dagster: each command runs in a fork of the warm process with the step's stdout/stderr,
+The handover itself, without Dagster: each command runs in a fork of the warm child with the step's stdout/stderr,
 working directory and per-step variables, its exit status (a signal's included) reaches the step, every step of the
 run gets a fork of its own, and a step whose environment differs otherwise gets a fresh child. That a micro
 run's compute step uses it, with the checkpoints of an uninterrupted run, is in test_killed_run.py; that the ops of an
@@ -92,7 +92,7 @@ def test_a_killed_warm_process_ends_its_forks_their_steps_see_it_and_close_clean
     assert handle.wait(timeout=30) == -signal.SIGKILL  # nobody is left to write its status
     deadline = time.monotonic() + 30
     while _alive(handle.pid):  # the fork's launcher is gone: it exits within a second (rl_assets.run.process.exit_with_launcher)
-        assert time.monotonic() < deadline, "the fork outlived the warm process"
+        assert time.monotonic() < deadline, "the fork outlived the warm child"
         time.sleep(0.2)
     folder = warm.folder
     warm.close()
