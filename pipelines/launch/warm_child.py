@@ -10,8 +10,9 @@ fork's exit status where the step reads it. A run of one op per round and lane (
 dozen compute children: each starts in a fraction of a second instead of repeating the imports beside the other
 lane's work.
 
-The warm child imports only: it starts no thread, runs no torch op and never touches CUDA, so a fork of it is
-a fresh process as far as they are concerned. Only a plain one-process child command is handed over (no torchrun or
+The warm child imports only: it starts no thread of its own, runs no torch op (so no OpenMP team exists yet) and
+never touches CUDA, so a fork of it is a fresh process as far as they are concerned; the background threads the
+imports start (jemalloc's, one of torch's) are not copied into a fork. Only a plain one-process child command is handed over (no torchrun or
 accelerate launcher), and only when the step's environment differs from the one the warm child imported under in
 nothing but the Pipes session's and the step's own variables: anything else (a variable read at import time)
 starts a fresh child, as does a warm child that is gone or not there. The CLI is its parent: it kills it when
