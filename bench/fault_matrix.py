@@ -9,8 +9,8 @@ one interrupted run and one rerun; the rerun must end with the uninterrupted run
 a case here (2 cores), ~50 cases in all. Prints one line a case and a summary; exit code 1 when any differs.
 `tests/pipelines/test_fault_matrix.py` runs a few of these cases in `make test`. `--staleness 1` runs the same with
 `rollouts.staleness: 1` and `compute.overlap: true`, where r02's sampling runs beside r01's training (two compute
-children at once); there the
-reward calls of the two lanes interleave, so `after` is the fault that names a moment unambiguously.
+children at once); there the reward calls of the two lanes interleave, so `after` is the fault that names a moment
+unambiguously.
 """
 
 from __future__ import annotations
@@ -40,7 +40,10 @@ def main() -> int:
     try:
         template = make_micro_project(work / "template")
         if args.staleness:
-            with_params(template, lambda params: (params["rollouts"].update(staleness=args.staleness), params["compute"].update(overlap=True)))
+            def overlapped(params):
+                params["rollouts"]["staleness"], params["compute"]["overlap"] = args.staleness, True
+
+            with_params(template, overlapped)
         reference_ids, calls = uninterrupted(fault_project(template, work / "reference"))
         kinds = args.faults.split(",")
         faults = [f"after:{key}" for key in OUTPUTS if "after" in kinds]

@@ -11,9 +11,9 @@ several processes).
 With `rollouts.staleness` k >= 1, round N samples from checkpoint N-1-k, so its sampling need not wait for round
 N-1's training. Where the overlap can pay (`overlapped`), the outputs are written by one op per round and lane
 (`lanes`): a sampling op (rollouts and rewards, the `sampler` pool) and a training op (checkpoint and PPO's critic,
-the `gpu` pool), so the executor runs round N-1's training beside round N+k-1's sampling, one op of each lane at a time. One subsettable op per lane would
-not do: Dagster splits such an op where the graph leaves and re-enters it, and consecutive checkpoints would stay in
-one invocation, which the next sampling op then waits for whole.
+the `gpu` pool), so the executor runs round N-1's training beside round N+k-1's sampling, one op of each lane at a
+time. One subsettable op per lane would not do: Dagster splits such an op where the graph leaves and re-enters it,
+and consecutive checkpoints would stay in one invocation, which the next sampling op then waits for whole.
 """
 
 import os
@@ -53,7 +53,8 @@ def overlapped(params: Params) -> bool:
         return False
     if compute.overlap is True:
         return True
-    return compute.device == "cuda" or compute.executor in ("k8s", "slurm") or (compute.device == "auto" and Path("/dev/nvidiactl").exists())
+    gpu_here = compute.device == "auto" and Path("/dev/nvidiactl").exists()  # what `auto` resolves to, without importing torch
+    return compute.device == "cuda" or compute.executor in ("k8s", "slurm") or gpu_here
 
 
 def lanes(params: Params, specs: list[AssetSpec]) -> list[tuple[str, list[AssetSpec], str, int | None, int]]:
@@ -70,14 +71,13 @@ def lanes(params: Params, specs: list[AssetSpec]) -> list[tuple[str, list[AssetS
         spec = by_key.get(asset_key(node.key))
         if spec is None:  # raw_data, prompts, the reward model: steps of their own
             continue
-        if node.round is None or node.round == 0:
-            name, pool, threads, priority = f"{COMPUTE_OP}_{node.key.split('/')[0]}", "gpu", None, 0
+        if not node.round:  # r00 (round 0), the evaluation and the promotion (no round): alone, every thread
+            name = f"{COMPUTE_OP}_{round_prefix(0) if node.round == 0 else 'evaluation'}"
+            pool, threads, priority = "gpu", None, 0
         else:
             lane = "sample" if node.stage in SAMPLING_STAGES else "train"
             name = f"{COMPUTE_OP}_{lane}_{round_prefix(node.round)}"
             pool, threads, priority = ("sampler" if lane == "sample" else "gpu"), half, params.rounds - node.round
-        if node.stage == "promote":
-            name = f"{COMPUTE_OP}_evaluation"
         groups.setdefault(name, ([], pool, threads, priority))[0].append(spec)
     return [(name, group, pool, threads, priority) for name, (group, pool, threads, priority) in groups.items()]
 

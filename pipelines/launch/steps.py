@@ -221,7 +221,8 @@ def yield_cpu_to_children(niceness: int = 19) -> None:
 
 
 def compute_step_follows(context: AssetExecutionContext) -> bool:
-    """Whether this run also runs a compute step (every compute op's name starts with `compute`), which records the stages waiting in the DVC journal at its end.
+    """Whether this run also runs a compute step (every compute op's name starts with `compute`: pipelines.definitions.compute),
+    which records the stages waiting in the DVC journal at its end.
 
     Then raw_data and prompts wait there too, and one commit records them with the compute step's outputs (rather than a commit of
     their own each). A run stopped before the compute step leaves them in the journal: the CLI

@@ -12,8 +12,8 @@ lane's work.
 
 The warm child imports only: it starts no thread of its own, runs no torch op (so no OpenMP team exists yet) and
 never touches CUDA, so a fork of it is a fresh process as far as they are concerned; the background threads the
-imports start (jemalloc's, one of torch's) are not copied into a fork. Only a plain one-process child command is handed over (no torchrun or
-accelerate launcher), and only when the step's environment differs from the one the warm child imported under in
+imports start (jemalloc's, one of torch's) are not copied into a fork. Only a plain one-process child command is
+handed over (no torchrun or accelerate launcher), and only when the step's environment differs from the one the warm child imported under in
 nothing but the Pipes session's and the step's own variables: anything else (a variable read at import time)
 starts a fresh child, as does a warm child that is gone or not there. The CLI is its parent: it kills it when
 the run ends.
@@ -106,7 +106,7 @@ class HandedOver:
         if self.returncode is None:
             if self.status.is_file():
                 self.returncode = int(self.status.read_text())
-            elif not alive(self.warm) and not self.status.is_file():
+            elif not alive(self.warm) and not self.status.is_file():  # (read again: it may have come just before the warm child ended)
                 # The warm child is gone, so nobody will write the status; the fork ends within a second of it
                 # (rl_assets.run.process.exit_with_launcher). Reported as killed, as the warm child was.
                 self.returncode = -signal.SIGKILL

@@ -72,8 +72,8 @@ STAGE_TABLE = {
     "rewards": Stage("run/stages.py:run_rewards", ("rNN/rewards",), ("rewards",),
                      (*_RUNNER, "core/sandbox.py", "core/user_code.py", "rewards/"), uses_rewards=True),
     "train": Stage("run/stages.py:run_train", ("rNN/checkpoint",), ("seed", "train", "guards.kl_rows"),
-                   (*_RUNNER, *_POLICY, "core/logprobs.py", "train/policy_gradient.py", "train/advantages.py", "train/losses.py",
-                    "train/train_state.py", "train/preference.py", "train/sft.py", "train/critic.py", "run/hardware.py"), distributed=True, kind="model", heldout=True),
+                   (*_RUNNER, *_POLICY, "core/logprobs.py", "train/policy_gradient.py", "train/staleness.py", "train/advantages.py",
+                    "train/losses.py", "train/train_state.py", "train/preference.py", "train/sft.py", "train/critic.py", "run/hardware.py"), distributed=True, kind="model", heldout=True),
     # ppo only: the value model, fitted to the round's returns. After train in a round: both read the parent's estimates,
     # which a resident process then holds for the policy's advantages before this stage trains them in place
     "critic": Stage("run/stages.py:run_critic", ("rNN/critic",), ("seed", "train"),

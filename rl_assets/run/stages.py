@@ -222,8 +222,8 @@ def run_train(params: Params, round_number: int | None, root: Path, device: str,
                              processor=processor)
         history = metrics.pop("history")
     else:
-        from rl_assets.train.policy_gradient import (join_rewards, loss_beta, rows_trained_on, table_group_size, train_on_rollouts,
-                                                     with_proximal_logprobs)
+        from rl_assets.train.policy_gradient import join_rewards, loss_beta, rows_trained_on, table_group_size, train_on_rollouts
+        from rl_assets.train.staleness import with_proximal_logprobs
 
         token_advantages = None
         if trainer.value_model:  # GAE's advantages from the parent value model (the critic stage trains the next one)

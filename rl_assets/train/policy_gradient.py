@@ -167,40 +167,6 @@ def prepare_batch(rollouts: pa.Table, rewards: pa.Table, params: TrainParams, gr
                          vision=[vision[i] for i in rows] if vision is not None else None)
 
 
-def with_proximal_logprobs(model, rollouts: pa.Table, parent_id: str, pad_id: int, temperature: float, batch_size: int,
-                           autocast=None, vision: list | None = None, trained: torch.Tensor | None = None) -> tuple[pa.Table, int]:
-    """Rollouts sampled by an older checkpoint than the parent `parent_id` (rollouts.staleness), set up for the decoupled
-    PPO objective: each such row's `logprobs` become the parent's own (recomputed here: the ratio and its clip are taken
-    against the policy being trained from), and what sampled it moves to `sampler_logprobs` (the sampler's engine's when
-    it reported them, else the stored trainer-precision ones), so training weights each token by min(parent / sampler,
-    train.sampler_correction_cap). Rows the parent sampled are left as they are, and so are rows outside `trained` ((N,) bool,
-    `rows_trained_on`; None: every row), which training leaves out. Returns (table, how many rows were older).
-    """
-    policies = rollouts["policy_id"].to_pylist()
-    if any(policy != parent_id for policy in policies) and trained is not None:
-        policies = [policy if keep else parent_id for policy, keep in zip(policies, trained.tolist())]
-    stale_rows = sum(policy != parent_id for policy in rollouts["policy_id"].to_pylist())
-    stale = [i for i, policy in enumerate(policies) if policy != parent_id]
-    if not stale:
-        return rollouts, stale_rows
-    prompts, completions = rollouts["prompt_ids"].to_pylist(), rollouts["completion_ids"].to_pylist()
-    stored, engine = rollouts["logprobs"].to_pylist(), rollouts["sampler_logprobs"].to_pylist()
-    proximal, sampler = list(stored), list(engine)
-    with torch.no_grad(), autocast or contextlib.nullcontext():
-        for start in range(0, len(stale), batch_size):
-            rows = stale[start : start + batch_size]
-            logprobs, mask = completion_logprobs(model, [prompts[i] for i in rows], [completions[i] for i in rows], pad_id, temperature,
-                                                 vision=[vision[i] for i in rows] if vision is not None else None)
-            for row, values, kept in zip(rows, logprobs.float().cpu(), mask.cpu()):
-                proximal[row] = values[: int(kept.sum())].tolist()
-                sampler[row] = engine[row] if engine[row] is not None else stored[row]
-    table = rollouts.set_column(rollouts.schema.get_field_index("logprobs"), rollouts.schema.field("logprobs"),
-                                pa.array(proximal, rollouts.schema.field("logprobs").type))
-    table = table.set_column(table.schema.get_field_index("sampler_logprobs"), table.schema.field("sampler_logprobs"),
-                             pa.array(sampler, table.schema.field("sampler_logprobs").type))
-    return table, stale_rows
-
-
 def steps_per_epoch(rows: int, table_rows: int, minibatch_size: int, processes: int) -> int:
     """Optimizer steps per epoch for `rows` trained on out of a table of `table_rows`; an epoch's shuffled rows are split
     into that many near-equal minibatches (`torch.tensor_split`), so every row is trained on.

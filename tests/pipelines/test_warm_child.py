@@ -15,14 +15,13 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 from dagster import AssetKey
 
 from pipelines.launch.pipes_child import DETERMINISTIC_EXIT, ERROR_DIR_ENV
-from pipelines.launch.warm_child import WARM_CHILD_ENV, HandedOver, WarmChild, take, wants_warm_child, warm_child_for
+from pipelines.launch.warm_child import WARM_CHILD_ENV, HandedOver, WarmChild, alive, take, wants_warm_child, warm_child_for
 from conftest import REPO
 
 COMMAND = [sys.executable, "-m", "pipelines.launch.pipes_child", "r01/rollouts", "--params", "missing.yaml"]
@@ -91,7 +90,7 @@ def test_a_killed_warm_process_ends_its_forks_their_steps_see_it_and_close_clean
     os.kill(warm.process.pid, signal.SIGKILL)
     assert handle.wait(timeout=30) == -signal.SIGKILL  # nobody is left to write its status
     deadline = time.monotonic() + 30
-    while _alive(handle.pid):  # the fork's launcher is gone: it exits within a second (rl_assets.run.process.exit_with_launcher)
+    while alive(handle.pid):  # the fork's launcher is gone: it exits within a second (rl_assets.run.process.exit_with_launcher)
         assert time.monotonic() < deadline, "the fork outlived the warm child"
         time.sleep(0.2)
     folder = warm.folder
@@ -110,17 +109,9 @@ def test_a_warm_child_whose_cli_died_leaves(tmp_path):
                          cwd=REPO, capture_output=True, text=True, timeout=60, check=True)
     pid = int(cli.stdout)
     deadline = time.monotonic() + 120  # its imports first, then a second at most
-    while _alive(pid):
+    while alive(pid):
         assert time.monotonic() < deadline, f"warm child {pid} outlived its CLI"
         time.sleep(0.2)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-    except (OSError, IndexError):
-        return False
-    return state != "Z"  # ended, and its new parent has not reaped it yet
 
 
 @pytest.mark.parametrize("compute, keys, wanted", [

@@ -151,7 +151,7 @@ def test_gradient_accumulation_matches_one_big_step(rollouts, loss_type):
 def test_rows_an_older_checkpoint_sampled_train_against_the_parents_log_probs_weighted_by_the_samplers(rollouts):
     """rollouts.staleness: the decoupled objective. Rows whose policy_id is not the parent's get the parent's own log-probs
     (the ratio's denominator) and keep what sampled them as sampler_logprobs (the truncated importance weight's)."""
-    from rl_assets.train.policy_gradient import with_proximal_logprobs
+    from rl_assets.train.staleness import with_proximal_logprobs
 
     parent = new_tiny_model(1)  # trained since the rollouts' sampler (new_tiny_model(0), "p0")
     table, stale = with_proximal_logprobs(parent, rollouts, "p1", pad_id=0, temperature=TEMPERATURE, batch_size=3)
