@@ -70,8 +70,7 @@ def data_assets(params: Params) -> list[AssetsDefinition]:
     )
     def prompts(context: AssetExecutionContext, params: ParamsResource) -> Iterator[MaterializeResult]:
         from rl_assets.core.schemas import PROMPTS, read_table, write_table
-        from rl_assets.core.tokenizer import load_tokenizer
-        from rl_assets.core.vision import tokens_per_image
+        from rl_assets.core.tokenizer import load_tokenizer, tokens_per_image
         from rl_assets.data.prompts import build_prompts
 
         p = params.load()

@@ -57,8 +57,8 @@ STAGE_TABLE = {
                        "data/raw_generators.py"),
                       compute=False),
     "prompts": Stage("data/prompts.py:build_prompts", ("prompts",), ("prompts", "model.name_or_path", "model.vision"),
-                     (*_CONFIG, "core/schemas.py", "core/storage.py", "core/tokenizer.py", "core/vision.py", "data/images.py",
-                      "data/prompts.py", "data/raw_files.py"), compute=False),
+                     (*_CONFIG, "core/schemas.py", "core/storage.py", "core/tokenizer.py", "data/images.py", "data/prompts.py",
+                      "data/raw_files.py"), compute=False),
     # with sft.demonstration the rollouts' tools or environment answer the demonstrations
     "sft": Stage("run/stages.py:run_sft", ("r00/checkpoint",), ("seed", "model", "sft", *EPISODE_KEYS[:3]),
                  (*_RUNNER, *_POLICY, *_EPISODES, "train/sft.py", "eval/promotion.py", "eval/guards.py", "eval/stats.py"), distributed=True, kind="model", heldout=True),
@@ -112,7 +112,7 @@ def project_code(stage: str) -> list[str]:
     has them (`rl_assets/...`, what DVC lists and hashes), or absolute when the package is installed elsewhere.
 
     >>> project_code("prompts")
-    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/algorithms.py', 'rl_assets/core/config.py', 'rl_assets/core/params_file.py', 'rl_assets/core/run_params.py', 'rl_assets/core/schemas.py', 'rl_assets/core/sections.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/core/vision.py', 'rl_assets/data/__init__.py', 'rl_assets/data/images.py', 'rl_assets/data/prompts.py', 'rl_assets/data/raw_files.py']
+    ['rl_assets/__init__.py', 'rl_assets/core/__init__.py', 'rl_assets/core/algorithms.py', 'rl_assets/core/config.py', 'rl_assets/core/params_file.py', 'rl_assets/core/run_params.py', 'rl_assets/core/schemas.py', 'rl_assets/core/sections.py', 'rl_assets/core/storage.py', 'rl_assets/core/tokenizer.py', 'rl_assets/data/__init__.py', 'rl_assets/data/images.py', 'rl_assets/data/prompts.py', 'rl_assets/data/raw_files.py']
     """
     files = _expanded(STAGE_TABLE[stage].code)
     if (Path.cwd() / PACKAGE).is_dir():  # the project's own copy of the code (a run's cwd is its root)

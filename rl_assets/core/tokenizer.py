@@ -1,12 +1,13 @@
 """The policy's tokenizer: the embedded model's character-level one, or a Hugging Face model's own.
 
-Apart from policy.py so that the prompts step, which needs only the tokenizer, does not import torch
-and the model classes (seconds a step on a laptop CPU).
+Apart from policy.py and vision.py so that the prompts step, which needs only the tokenizer and an image's token
+count, does not import torch and the model classes.
 """
 
 from __future__ import annotations
 
 import string
+from collections.abc import Callable
 from pathlib import Path
 
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors
@@ -61,3 +62,35 @@ def saved_processor(folder: str | Path | None):
 
         return AutoProcessor.from_pretrained(folder)
     return None
+
+
+def tokens_per_image(model) -> int | Callable[[object], int]:
+    """How many tokens an image's placeholder expands into for the policy `model` (the params' model section) names, as
+    the prompts' lengths count them: the embedded VLM's patches; what a VLM folder's processor makes of a blank picture,
+    when pictures twice as large and twice as wide give as many (LLaVA, Idefics3 without splitting); 1, the placeholder
+    alone, for a text model. Where a picture's size sets the count (Qwen2-VL, Idefics3 splitting large pictures into
+    tiles), a function that counts what the processor makes of a given PIL picture.
+
+    >>> from rl_assets.core.config import ModelParams
+    >>> tokens_per_image(ModelParams(vision={"image_size": 48, "patch_size": 8})), tokens_per_image(ModelParams())
+    (36, 1)
+    """
+    if model.vision is not None:
+        return (model.vision.image_size // model.vision.patch_size) ** 2
+    processor = saved_processor(model.name_or_path) if Path(model.name_or_path).is_dir() else None
+    placeholder = getattr(processor, "image_token", None)
+    if placeholder is None:
+        return 1
+    import json
+
+    from PIL import Image
+
+    bare = len(processor(text=[""], return_tensors="pt")["input_ids"][0])
+
+    def expanded(image) -> int:
+        return len(processor(text=[placeholder], images=[image], return_tensors="pt")["input_ids"][0]) - bare
+
+    vision = json.loads((Path(model.name_or_path) / "config.json").read_text()).get("vision_config") or {}
+    side = int(vision.get("image_size") or 224)
+    counts = {expanded(Image.new("RGB", size)) for size in ((side, side), (2 * side, 2 * side), (2 * side, side))}
+    return counts.pop() if len(counts) == 1 else expanded

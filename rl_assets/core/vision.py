@@ -13,7 +13,6 @@ LLaVA, Qwen2-VL, whose 3-D rotary positions come from the token types `batched` 
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -59,38 +58,6 @@ def folder_is_vision_model(folder: str | Path) -> bool:
 
     config = Path(folder) / "config.json"
     return config.is_file() and json.loads(config.read_text()).get("vision_config") is not None
-
-
-def tokens_per_image(model) -> int | Callable[[object], int]:
-    """How many tokens an image's placeholder expands into for the policy `model` (the params' model section) names, as
-    the prompts' lengths count them: the embedded VLM's patches; what a VLM folder's processor makes of a blank picture,
-    when pictures twice as large and twice as wide give as many (LLaVA, Idefics3 without splitting); 1, the placeholder
-    alone, for a text model. Where a picture's size sets the count (Qwen2-VL, Idefics3 splitting large pictures into
-    tiles), a function that counts what the processor makes of a given PIL picture.
-
-    >>> from rl_assets.core.config import ModelParams
-    >>> tokens_per_image(ModelParams(vision={"image_size": 48, "patch_size": 8})), tokens_per_image(ModelParams())
-    (36, 1)
-    """
-    if model.vision is not None:
-        return (model.vision.image_size // model.vision.patch_size) ** 2
-    processor = saved_processor(model.name_or_path) if Path(model.name_or_path).is_dir() else None
-    placeholder = getattr(processor, "image_token", None)
-    if placeholder is None:
-        return 1
-    import json
-
-    from PIL import Image
-
-    bare = len(processor(text=[""], return_tensors="pt")["input_ids"][0])
-
-    def expanded(image) -> int:
-        return len(processor(text=[placeholder], images=[image], return_tensors="pt")["input_ids"][0]) - bare
-
-    vision = json.loads((Path(model.name_or_path) / "config.json").read_text()).get("vision_config") or {}
-    side = int(vision.get("image_size") or 224)
-    counts = {expanded(Image.new("RGB", size)) for size in ((side, side), (2 * side, 2 * side), (2 * side, side))}
-    return counts.pop() if len(counts) == 1 else expanded
 
 
 def build_tiny_vlm(text_config, vision, image_token_id: int, seed: int):

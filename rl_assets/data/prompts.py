@@ -130,7 +130,7 @@ def build_prompts(raw: pa.Table, params: PromptsParams, tokenizer, image_tokens:
                   images_dir: Path | None = None) -> tuple[pa.Table, dict]:
     """The `PROMPTS` table and counts of what was dropped (duplicates, conflicting answers, over-long prompts).
 
-    `image_tokens`: how many tokens each image's placeholder expands into (rl_assets.core.vision.tokens_per_image), or
+    `image_tokens`: how many tokens each image's placeholder expands into (rl_assets.core.tokenizer.tokens_per_image), or
     a function counting them for a picture, each stored picture then read from `images_dir`; counted in a prompt's
     length (`n_tokens`, max_prompt_tokens) as the policy will read it.
     """

@@ -2,7 +2,7 @@
 
 The shape test pins what makes the demo fast (few rounds, a small embedded model, a short warm
 start, bounded rollouts and evaluation) and that it trains on the default task's own data. The end
-to end test runs the file as it is, as `make demo` does, in a temp project; it asserts evaluation
+to end test runs the file as `make demo` does, its sizes cut, in a temp project; it asserts evaluation
 rows for every checkpoint, never an accuracy (runs differ across machines).
 """
 
@@ -39,12 +39,15 @@ def test_demo_params_validate_and_have_the_one_minute_shape(monkeypatch):
 
 @pytest.mark.e2e
 def test_demo_runs_end_to_end(micro_copy):
-    """The demo file unchanged, run as `make demo` runs it: every checkpoint r00..rR is evaluated, greedy and sampled."""
+    """The demo file, run as `make demo` runs it with its sizes cut by `--set` (the suite's time; the shape test above
+    pins the real sizes): every checkpoint r00..rR is evaluated, greedy and sampled."""
     project = micro_copy
     (project / RELATIVE).parent.mkdir(parents=True)
     (project / RELATIVE).write_text(DEMO.read_text())
     params = yaml.safe_load(DEMO.read_text())
-    done = python(["-m", "pipelines", "run"], project, timeout=600, RL_ASSETS_PARAMS=str(RELATIVE), RL_ASSETS_DVC_COMMIT="0")
+    smaller = ["sft.max_steps=20", "rollouts.prompts_per_round=32", "evaluation.max_prompts=40"]
+    done = python(["-m", "pipelines", "run", *(f for s in smaller for f in ("--set", s))], project, timeout=600,
+                  RL_ASSETS_PARAMS=str(RELATIVE), RL_ASSETS_DVC_COMMIT="0")
 
     rounds = params["rounds"]
     checkpoints = [f"r{n:02d}/checkpoint" for n in range(rounds + 1)]

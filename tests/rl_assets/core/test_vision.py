@@ -15,8 +15,8 @@ from rl_assets.core.config import ModelParams
 from rl_assets.core.logprobs import completion_logprobs
 from rl_assets.core.params_file import load_params
 from rl_assets.core.policy import load_base_model, load_policy
-from rl_assets.core.tokenizer import saved_processor
-from rl_assets.core.vision import encode_with_images, folder_is_vision_model, pixel_inputs, placeholder_ids, tiny_processor, tokens_per_image
+from rl_assets.core.tokenizer import saved_processor, tokens_per_image
+from rl_assets.core.vision import encode_with_images, folder_is_vision_model, pixel_inputs, placeholder_ids, tiny_processor
 from rl_assets.data.image_tasks import count_shapes
 from rl_assets.rollout.generation import generate
 
