@@ -1,6 +1,6 @@
 """Resident rounds: one child writes a run's rounds with the models kept loaded, and gives the same bits as one output at a time.
 
-The micro project with 3 rounds, a KL penalty (so the reference stays loaded) and carried optimizer
+The micro project with 2 rounds, a KL penalty (so the reference stays loaded) and carried optimizer
 moments: `rl-assets run` (one resident child for the rounds) against `rl-assets materialize KEY`
 for each output in flow order (one run and one child per output, everything loaded from disk).
 """
@@ -18,12 +18,12 @@ from rl_assets.core.storage import content_hash
 
 pytestmark = pytest.mark.e2e
 
-ROUNDS = 3
+ROUNDS = 2
 ROUND_KEYS = [f"r{n:02d}/{name}" for n in range(1, ROUNDS + 1) for name in ("rollouts", "rewards", "checkpoint")]
 OUTPUTS = ["raw_data", "prompts", "r00/checkpoint", *ROUND_KEYS]
 
 
-def three_rounds(project):
+def with_rounds(project):
     params = yaml.safe_load((project / "params.yaml").read_text())
     params["rounds"] = ROUNDS
     params["train"]["beta"] = 0.04
@@ -44,9 +44,9 @@ def materializations(project, keys):
 
 @pytest.fixture(scope="module")
 def resident_and_one_at_a_time(micro_template, tmp_path_factory):
-    resident = three_rounds(copy_project(micro_template, tmp_path_factory.mktemp("resident") / "project"))
+    resident = with_rounds(copy_project(micro_template, tmp_path_factory.mktemp("resident") / "project"))
     python(["-m", "pipelines", "run"], resident, timeout=1200)
-    single = three_rounds(copy_project(micro_template, tmp_path_factory.mktemp("single") / "project"))
+    single = with_rounds(copy_project(micro_template, tmp_path_factory.mktemp("single") / "project"))
     for key in flow_order(ROUND_KEYS):
         if key == "r01/rollouts":
             python(["-m", "pipelines", "materialize", "raw_data", "prompts", "r00/checkpoint"], single, timeout=600)
@@ -66,9 +66,9 @@ def test_the_resident_run_loads_the_policy_and_reference_once_and_reports_every_
     loads = {key: event.asset_materialization.metadata["models_loaded_from_disk"].value for key, event in events.items() if "rewards" not in key}
     # r00's held-out evaluation loads it (in the same child), so r01/rollouts samples with it as loaded; r01/checkpoint
     # loads the reference (beta > 0); every later step reuses both
-    assert loads == {"r01/checkpoint": 1, **{f"r{n:02d}/{kind}": 0 for n in (1, 2, 3) for kind in ("rollouts", "checkpoint") if (n, kind) != (1, "checkpoint")}}
+    assert loads == {"r01/checkpoint": 1, **{f"r{n:02d}/{kind}": 0 for n in range(1, ROUNDS + 1) for kind in ("rollouts", "checkpoint") if (n, kind) != (1, "checkpoint")}}
     one_at_a_time = materializations(single, ROUND_KEYS)
-    assert all(one_at_a_time[f"r{n:02d}/rollouts"].asset_materialization.metadata["models_loaded_from_disk"].value == 1 for n in (1, 2, 3))
+    assert all(one_at_a_time[f"r{n:02d}/rollouts"].asset_materialization.metadata["models_loaded_from_disk"].value == 1 for n in range(1, ROUNDS + 1))
     for key, event in events.items():  # each output has its own data version: the content hash, a checkpoint's id
         path = resident / "data" / (key if key.endswith("checkpoint") else f"{key}.parquet")
         assert event.asset_materialization.tags["dagster/data_version"] == (checkpoint_id(path) if key.endswith("checkpoint") else content_hash(path))
@@ -78,11 +78,11 @@ def test_the_resident_run_loads_the_policy_and_reference_once_and_reports_every_
 def test_a_resident_run_keeps_every_guard_on_its_own_output(resident_and_one_at_a_time):
     resident, _ = resident_and_one_at_a_time
     with DagsterInstance.from_config(str(resident / ".dagster")) as instance:
-        run_id = instance.get_latest_materialization_event(AssetKey(["r03", "checkpoint"])).run_id
+        run_id = instance.get_latest_materialization_event(AssetKey(["r02", "checkpoint"])).run_id
         checks = [e for e in instance.all_logs(run_id) if e.dagster_event and e.dagster_event.event_type_value == "ASSET_CHECK_EVALUATION"]
     evaluated = {(c.dagster_event.event_specific_data.asset_key.to_user_string(), c.dagster_event.event_specific_data.check_name):
                  c.dagster_event.event_specific_data for c in checks}
-    assert ("r02/checkpoint", "kl_within_limit") in evaluated and ("r03/rewards", "reward_signal") in evaluated
+    assert ("r02/checkpoint", "kl_within_limit") in evaluated and ("r02/rewards", "reward_signal") in evaluated
     kl = evaluated[("r02/checkpoint", "kl_within_limit")]
     assert kl.passed and kl.description  # the child's verdict text reaches the UI
 
@@ -129,7 +129,7 @@ def digit_share(completions, **kwargs):
 def test_a_retry_after_the_compute_child_dies_continues_after_what_it_wrote_and_ends_with_the_same_checkpoints(
         resident_and_one_at_a_time, micro_template, tmp_path):
     resident, _ = resident_and_one_at_a_time
-    project = three_rounds(copy_project(micro_template, tmp_path / "project"))
+    project = with_rounds(copy_project(micro_template, tmp_path / "project"))
     (project / "micro_rewards.py").write_text(CRASH_ONCE_REWARD)
     done = python(["-m", "pipelines", "run"], project, timeout=1200)
     assert (project / "crashed-once").is_file()  # the child did die once, mid-run
@@ -138,7 +138,7 @@ def test_a_retry_after_the_compute_child_dies_continues_after_what_it_wrote_and_
     assert "attempt 2: 5 outputs were written by an earlier attempt of this run (reported again); continuing from r02/rewards" in said
 
     events = materializations(project, OUTPUTS)
-    run_id = events["r03/checkpoint"].run_id
+    run_id = events[f"r{ROUNDS:02d}/checkpoint"].run_id
     with DagsterInstance.from_config(str(project / ".dagster")) as instance:
         logs = [e.dagster_event for e in instance.all_logs(run_id) if e.dagster_event]
         history = {key: [r.asset_materialization for r in instance.fetch_materializations(AssetKey(key.split("/")), limit=10).records]
