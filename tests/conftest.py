@@ -151,14 +151,51 @@ def micro_copy(micro_template, tmp_path) -> Path:
     return copy_project(micro_template, tmp_path / "project")
 
 
+def made_once(name: str, make, tmp_path_factory, worker_id: str) -> tuple[Path, dict]:
+    """A project `make(destination) -> facts` builds once per test session, for every pytest-xdist worker; each caller gets
+    its own copy of it and the facts (JSON) `make` returned.
+
+    Session fixtures are otherwise made once per worker: a pipeline run, twice. The workers share the session's temp root
+    (pytest-xdist's documented pattern); the first takes the lock and makes the project, the others wait, then copy it.
+    Nobody runs anything in the made project itself, so a copy never catches it half-written.
+    """
+    from filelock import FileLock
+
+    shared = tmp_path_factory.getbasetemp() if worker_id == "master" else tmp_path_factory.getbasetemp().parent
+    made, facts = shared / f"once-{name}", shared / f"once-{name}.json"
+    with FileLock(f"{made}.lock"):
+        if not facts.exists():
+            shutil.rmtree(made, ignore_errors=True)  # what a worker that failed to make it left
+            facts.write_text(json.dumps(make(made)))
+    return copy_project(made, tmp_path_factory.mktemp(name) / "project"), json.loads(facts.read_text())
+
+
 @pytest.fixture(scope="session")
-def reproduced_project(micro_template, tmp_path_factory) -> dict:
+def reproduced_project(micro_template, tmp_path_factory, worker_id) -> dict:
     """The micro project after one `dvc repro` (every stage run through Dagster by DVC). Read only."""
     if not DVC.exists():
         pytest.skip(NO_DVC_REASON)
-    project = copy_project(micro_template, tmp_path_factory.mktemp("reproduced") / "project")
-    done = dvc(["repro"], project, timeout=1200)
-    return {"path": project, "output": done.stdout + done.stderr}
+
+    def make(project: Path) -> dict:
+        done = dvc(["repro"], copy_project(micro_template, project), timeout=1200)
+        return {"output": done.stdout + done.stderr}
+
+    project, facts = made_once("reproduced", make, tmp_path_factory, worker_id)
+    return {"path": project, "output": facts["output"]}
+
+
+@pytest.fixture(scope="session")
+def fault_reference(micro_template, tmp_path_factory, worker_id) -> dict:
+    """The uninterrupted 2-round run of the fault project (tests/faults.py): its checkpoint ids, how many reward calls it
+    makes, and a copy of it. Read the copy; copy it again to change it."""
+    from faults import fault_project, uninterrupted
+
+    def make(project: Path) -> dict:
+        ids, calls = uninterrupted(fault_project(micro_template, project))
+        return {"ids": ids, "calls": calls}
+
+    project, facts = made_once("fault-reference", make, tmp_path_factory, worker_id)
+    return {**facts, "path": project}
 
 
 @pytest.fixture(scope="session")

@@ -39,10 +39,13 @@ def ppo_project(micro_template, folder, faults: bool = False):
 
 @pytest.fixture(scope="module")
 def ppo_run(micro_template, tmp_path_factory):
-    """Two PPO rounds through `rl-assets run`: one resident child writes every round's outputs."""
-    project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo"))
-    done = python(["-m", "pipelines", "run"], project, timeout=1200, RL_ASSETS_DVC_COMMIT="0")
-    return project, done.stdout + done.stderr
+    """Two PPO rounds through `rl-assets run`: one resident child writes every round's outputs. (The project, how many reward
+    calls the run made): it carries the fault reward (weight 0), so it is also the reference the fault tests resume to."""
+    from faults import uninterrupted
+
+    project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo"), faults=True)
+    _, calls = uninterrupted(project)
+    return project, calls
 
 
 def ids(project) -> dict[str, str]:
@@ -52,7 +55,7 @@ def ids(project) -> dict[str, str]:
 
 def test_one_output_at_a_time_equals_the_resident_run_and_the_resident_run_keeps_the_value_model(ppo_run, micro_template, tmp_path_factory):
     resident, _ = ppo_run
-    single = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-single"))
+    single = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-single"), faults=True)  # ppo_run's params
     python(["-m", "pipelines", "materialize", "raw_data", "prompts", "r00/checkpoint"], single, timeout=600, RL_ASSETS_DVC_COMMIT="0")
     for key in flow_order(ROUND_KEYS):  # each in its own child: every model from disk
         python(["-m", "pipelines", "materialize", key], single, timeout=600, RL_ASSETS_DVC_COMMIT="0")
@@ -237,39 +240,36 @@ def test_warm_up_rounds_train_only_the_value_model(micro_template, tmp_path_fact
 
 
 @pytest.fixture(scope="module")
-def fault_reference(micro_template, tmp_path_factory) -> dict:
+def ppo_fault_reference(ppo_run) -> dict:
     """The uninterrupted PPO run with the fault reward: its outputs' ids and how many reward calls it makes."""
-    from faults import uninterrupted
-
-    project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-reference"), faults=True)
-    _, calls = uninterrupted(project)
+    project, calls = ppo_run
     return {"ids": ids(project), "calls": calls}
 
 
 def test_killed_after_the_last_policy_was_saved_and_before_its_value_model_the_rerun_ends_with_the_same_models(
-        micro_template, tmp_path_factory, fault_reference):
+        micro_template, tmp_path_factory, ppo_fault_reference):
     """SIGKILL of the run group during r02/checkpoint's held-out evaluation (its last reward calls): the policy is on disk and
     unreported, the round's value model not trained yet. The rerun ends with the uninterrupted run's outputs, bit for bit."""
     from faults import interrupted, resumed
 
     project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-killed"), faults=True)
-    code, log = interrupted(project, f"hold:{fault_reference['calls'] - 1}", "kill-group")
+    code, log = interrupted(project, f"hold:{ppo_fault_reference['calls'] - 1}", "kill-group")
     assert code != 0 and (project / "data/r02/checkpoint/lineage.json").is_file(), log[-3000:]
     assert not (project / "data/r02/critic").exists() and "materialized r02/checkpoint" not in log, log[-3000:]
     resumed(project)
-    assert ids(project) == fault_reference["ids"]
+    assert ids(project) == ppo_fault_reference["ids"]
 
 
-def test_a_ppo_run_crashed_at_a_random_reward_call_resumes_to_the_same_models(micro_template, tmp_path_factory, fault_reference):
+def test_a_ppo_run_crashed_at_a_random_reward_call_resumes_to_the_same_models(micro_template, tmp_path_factory, ppo_fault_reference):
     import random
 
     from faults import SIGNALS, interrupted, resumed
 
     project = ppo_project(micro_template, tmp_path_factory.mktemp("ppo-crashed"), faults=True)
-    call, how = random.randint(1, fault_reference["calls"]), random.choice(list(SIGNALS))
+    call, how = random.randint(1, ppo_fault_reference["calls"]), random.choice(list(SIGNALS))
     interrupted(project, f"reward:{call}", how)
     resumed(project)
-    assert ids(project) == fault_reference["ids"], f"stopped by {how} at reward call {call} of {fault_reference['calls']}"
+    assert ids(project) == ppo_fault_reference["ids"], f"stopped by {how} at reward call {call} of {ppo_fault_reference['calls']}"
 
 
 def test_serve_returns_each_tokens_logprob_and_value_on_request(ppo_run):

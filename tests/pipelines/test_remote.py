@@ -15,7 +15,7 @@ import pytest
 import yaml
 
 from conftest import DVC, PYTHON, REPO, copy_project, project_env, python
-from faults import fault_project, interrupted, kill_group_when, resumed, uninterrupted
+from faults import fault_project, interrupted, kill_group_when, resumed
 from rl_assets.core.checkpoints import checkpoint_id, read_lineage, read_retired
 
 pytestmark = pytest.mark.e2e  # make test installs .venv-dvc (make setup): no skip that would hide a broken set-up
@@ -67,16 +67,44 @@ def run_with_a_new_evaluation(project):
     return rl(project, "run")
 
 
+def compact(project):
+    params = yaml.safe_load((project / "params.yaml").read_text())
+    params["train"]["checkpoint_dtype"] = "bfloat16"
+    (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
+    return project
+
+
+@pytest.fixture(scope="module")
+def four_rounds(micro_template, tmp_path_factory):
+    """The micro project after one 4-round run with no remote: the retention and fewer-rounds tests start from copies."""
+    project = copy_project(micro_template, tmp_path_factory.mktemp("remote") / "four-rounds")
+    set_rounds(project, 4)
+    rl(project, "run")
+    return project
+
+
+def four_rounds_copy(four_rounds, tmp_path, remote=None):
+    """A copy of the 4-round project; with `remote`, a directory, pushed there (`rl-assets push`) as a run would have."""
+    project = copy_project(four_rounds, tmp_path / "p")
+    if remote is not None:
+        with_storage(project, remote=str(remote))
+        pushed = rl(project, "push")
+        assert "every output and run state is on the remote" in pushed.stderr, pushed.stderr[-3000:]
+    return project
+
+
 def retired_keys(done) -> list[str]:
     return [line.split()[-1] for line in done.stderr.splitlines() if line.startswith("retire ")]
 
 
 def test_a_fresh_machine_pulls_from_s3_and_continues_to_the_same_checkpoints(micro_template, tmp_path, s3):
     """Machine A runs one round and pushes to S3; machine B (a copy of the project with no outputs, no Dagster instance)
-    pulls: nothing to do, the promoted model is there; then both run a second round, and B's is A's, bit for bit."""
+    pulls: nothing to do, the promoted model is there; then both run a second round, and B's is A's, bit for bit.
+
+    Checkpoints are saved compact (train.checkpoint_dtype: bfloat16): the float32 weights round 2 continues from are run
+    state, pushed and pulled with it (the default float32 checkpoints are pulled and continued in the lost-machine test)."""
     storage = {"remote": "s3://rl-assets/continue", "endpoint_url": s3}
-    first = with_storage(copy_project(micro_template, tmp_path / "a"), **storage)
-    fresh = with_storage(copy_project(micro_template, tmp_path / "b"), **storage)
+    first, fresh = (with_storage(compact(copy_project(micro_template, tmp_path / name)), **storage) for name in ("a", "b"))
     done = rl(first, "run")
     assert "storage: pushed to s3://rl-assets/continue" in done.stderr and "every output and run state is on the remote" in done.stderr
 
@@ -85,6 +113,9 @@ def test_a_fresh_machine_pulls_from_s3_and_continues_to_the_same_checkpoints(mic
     assert (fresh / "dvc.lock").read_text() == (first / "dvc.lock").read_text()
     for key in ("r00/checkpoint", "r01/checkpoint"):
         assert checkpoint_id(fresh / "data" / key) == checkpoint_id(first / "data" / key)
+    r01 = checkpoint_id(fresh / "data/r01/checkpoint")
+    assert read_lineage(fresh / "data/r01/checkpoint")["checkpoint_dtype"] == "bfloat16"
+    assert (fresh / "data/run_state/weights" / f"{r01}.safetensors").is_file(), "the float32 weights came with the pull"
     assert json.loads((fresh / "models/promoted/model_card.json").read_text())["checkpoint_id"] == \
         json.loads((first / "models/promoted/model_card.json").read_text())["checkpoint_id"]
     assert list((fresh / "data/run_state/optimizer").glob("*.pt")), "the carried moments came with the pull"
@@ -99,30 +130,6 @@ def test_a_fresh_machine_pulls_from_s3_and_continues_to_the_same_checkpoints(mic
         set_rounds(project, 2)
     continued = rl(fresh, "run")
     assert "running" in continued.stderr and "r00/checkpoint:" not in continued.stderr
-    assert "materialized r02/checkpoint" in continued.stderr and "materialized r01/checkpoint" not in continued.stderr
-    rl(first, "run")
-    assert checkpoint_id(fresh / "data/r02/checkpoint") == checkpoint_id(first / "data/r02/checkpoint")
-
-
-def test_a_compact_run_continues_on_a_fresh_machine_from_its_pushed_float32_weights(micro_template, tmp_path):
-    """train.checkpoint_dtype: bfloat16. The float32 weights the next round continues from are run state, pushed with it: a
-    fresh machine pulls them and trains round 2 without making round 1 again, to the first machine's round 2."""
-    projects = []
-    for name in ("a", "b"):
-        project = copy_project(micro_template, tmp_path / name)
-        params = yaml.safe_load((project / "params.yaml").read_text())
-        params["train"]["checkpoint_dtype"] = "bfloat16"
-        (project / "params.yaml").write_text(yaml.safe_dump(params, sort_keys=False))
-        projects.append(with_storage(project, remote=str(tmp_path / "remote")))
-    first, fresh = projects
-    rl(first, "run")
-    rl(fresh, "pull")
-    r01 = checkpoint_id(fresh / "data/r01/checkpoint")
-    assert read_lineage(fresh / "data/r01/checkpoint")["checkpoint_dtype"] == "bfloat16"
-    assert (fresh / "data/run_state/weights" / f"{r01}.safetensors").is_file(), "the float32 weights came with the pull"
-    for project in (first, fresh):
-        set_rounds(project, 2)
-    continued = rl(fresh, "run")
     assert "materialized r02/checkpoint" in continued.stderr and "materialized r01/checkpoint" not in continued.stderr, continued.stderr[-3000:]
     rl(first, "run")
     assert checkpoint_id(fresh / "data/r02/checkpoint") == checkpoint_id(first / "data/r02/checkpoint")
@@ -135,18 +142,16 @@ def test_a_pull_without_a_push_names_the_remote(micro_template, tmp_path):
     assert done.returncode == 1 and "holds no rl-assets state" in done.stderr and "empty-remote" in done.stderr
 
 
-def test_retire_keeps_the_last_promoted_and_best_and_a_run_restores_what_it_needs(micro_template, tmp_path):
-    """Three rounds to a directory remote; keep 1: r00, r03 and the promoted/best stay, the others' files leave the disk and
+def test_retire_keeps_the_last_promoted_and_best_and_a_run_restores_what_it_needs(four_rounds, tmp_path):
+    """Four rounds pushed to a directory remote; keep 1: r00, r04 and the promoted/best stay, the others' files leave the disk and
     DVC's cache; lineage says retired; a run has nothing to do; an evaluation that must run again pulls them back."""
     remote = tmp_path / "remote"
-    project = with_storage(copy_project(micro_template, tmp_path / "p"), remote=str(remote))
-    set_rounds(project, 3)
-    rl(project, "run")
+    project = four_rounds_copy(four_rounds, tmp_path, remote)
     before = sorted(p.name for p in (project / ".dvc/cache/files/md5").rglob("*") if p.is_file())
 
     dry = rl(project, "retire", "--keep", "1", "--dry-run")
     retiring = [line.split()[-1] for line in dry.stderr.splitlines() if line.startswith("would retire")]
-    assert retiring and "r00/checkpoint" not in retiring and "r03/checkpoint" not in retiring, dry.stderr
+    assert retiring and "r00/checkpoint" not in retiring and "r04/checkpoint" not in retiring, dry.stderr
     assert not list((project / "data").glob("r*/checkpoint/RETIRED.json")), "a dry run changes nothing"
     ids = {key: checkpoint_id(project / "data" / key) for key in retiring}
 
@@ -157,7 +162,7 @@ def test_retire_keeps_the_last_promoted_and_best_and_a_run_restores_what_it_need
         note = read_retired(project / "data" / key)
         assert note["checkpoint_id"] == ids[key] and note["remote"] == str(remote)
         assert sorted(p.name for p in (project / "data" / key).iterdir()) == ["RETIRED.json", "lineage.json"]
-    trace = python(["-m", "pipelines", "lineage", "data/r03/checkpoint"], project, timeout=300)
+    trace = python(["-m", "pipelines", "lineage", "data/r04/checkpoint"], project, timeout=300)
     assert "retired" in trace.stdout and "missing" not in trace.stdout, trace.stdout
     assert "nothing to do" in rl(project, "run").stderr
 
@@ -167,11 +172,9 @@ def test_retire_keeps_the_last_promoted_and_best_and_a_run_restores_what_it_need
     assert done.returncode == 0
 
 
-def test_a_retired_checkpoint_on_no_remote_is_made_again_with_the_same_id(micro_template, tmp_path):
+def test_a_retired_checkpoint_on_no_remote_is_made_again_with_the_same_id(four_rounds, tmp_path):
     """Four rounds, keep 1: of r01-r03 the promoted and the best stay, so at least one is retired."""
-    project = copy_project(micro_template, tmp_path / "p")
-    set_rounds(project, 4)
-    rl(project, "run")
+    project = four_rounds_copy(four_rounds, tmp_path)
     ids = {f"r0{n}/checkpoint": checkpoint_id(project / f"data/r0{n}/checkpoint") for n in range(1, 4)}
     key = retired_keys(rl(project, "retire", "--keep", "1"))[0]
     assert read_retired(project / "data" / key)["remote"] is None
@@ -196,12 +199,11 @@ def wait_for_background_pushes(project):
             fcntl.flock(handle, fcntl.LOCK_EX)
 
 
-def test_a_machine_lost_mid_run_continues_on_a_fresh_one_from_what_it_pushed(micro_template, tmp_path):
+def test_a_machine_lost_mid_run_continues_on_a_fresh_one_from_what_it_pushed(micro_template, fault_reference, tmp_path):
     """Each output is pushed as it is recorded (storage.push: output). The run is SIGKILLed in round 2 (its process group,
-    as a lost machine); a fresh project pulls and finishes it without making round 1 again, to the uninterrupted run's ids."""
-    whole = fault_project(micro_template, tmp_path / "whole")
-    set_rounds(with_storage(whole, remote=str(tmp_path / "whole-remote")), 2)
-    ids, calls = uninterrupted(whole)
+    as a lost machine); a fresh project pulls and finishes it without making round 1 again, to the uninterrupted run's ids
+    (a remote changes no output: the reference ran without one)."""
+    ids, calls = fault_reference["ids"], fault_reference["calls"]
     lost = fault_project(micro_template, tmp_path / "lost")
     set_rounds(with_storage(lost, remote=str(tmp_path / "remote")), 2)
     code, log = interrupted(lost, f"hold:{calls}", "kill-group")  # the last reward call: r02's held-out evaluation
@@ -217,29 +219,27 @@ def test_a_machine_lost_mid_run_continues_on_a_fresh_one_from_what_it_pushed(mic
     assert {key: checkpoint_id(fresh / "data" / key) for key in ids} == ids
 
 
-def test_fewer_rounds_after_a_push_and_a_fresh_machine_still_pulls(micro_template, tmp_path):
-    """Machine A ran two rounds and pushed; the project then goes down to one round (`dvc-sync`). A fresh clone's dvc.yaml
-    has no r02 stages: its pull leaves the remote lock's r02 entries out instead of failing on them, and A's own dvc.lock
-    drops them at `dvc-sync`, so what it pushes next names only stages dvc.yaml has."""
-    remote = str(tmp_path / "remote")
-    first = with_storage(copy_project(micro_template, tmp_path / "a"), remote=remote)
-    set_rounds(first, 2)
-    rl(first, "run")
-    r02 = ["r02-rollouts", "r02-rewards", "r02-checkpoint"]
-    fresh = with_storage(copy_project(micro_template, tmp_path / "b"), remote=remote)  # its dvc.yaml: one round
+def test_fewer_rounds_after_a_push_and_a_fresh_machine_still_pulls(micro_template, four_rounds, tmp_path):
+    """Machine A ran four rounds and pushed; the project then goes down to one round (`dvc-sync`). A fresh clone's dvc.yaml
+    has no r02-r04 stages: its pull leaves the remote lock's entries for them out instead of failing on them, and A's own
+    dvc.lock drops them at `dvc-sync`, so what it pushes next names only stages dvc.yaml has."""
+    remote = tmp_path / "remote"
+    first = four_rounds_copy(four_rounds, tmp_path, remote)
+    later = [f"r{n:02d}-{stage}" for n in (2, 3, 4) for stage in ("rollouts", "rewards", "checkpoint")]
+    fresh = with_storage(copy_project(micro_template, tmp_path / "b"), remote=str(remote))  # its dvc.yaml: one round
     pulled = rl(fresh, "pull")
-    assert f"dvc.lock: left out 3 stages this project's dvc.yaml does not have ({', '.join(r02)})" in pulled.stderr, pulled.stderr
+    assert f"dvc.lock: left out 9 stages this project's dvc.yaml does not have ({', '.join(later)})" in pulled.stderr, pulled.stderr
     assert "does not exist" not in pulled.stderr and "warning: dvc pull" not in pulled.stderr
-    assert not set(r02) & set(yaml.safe_load((fresh / "dvc.lock").read_text())["stages"])
+    assert not set(later) & set(yaml.safe_load((fresh / "dvc.lock").read_text())["stages"])
     continued = rl(fresh, "run").stderr  # the rounds it has are made; only what reads `rounds` is stale
-    assert "running 2 of 8 assets, from evaluation (stale: params changed (rounds: 2 -> 1))" in continued, continued[-3000:]
+    assert "running 2 of 8 assets, from evaluation (stale: params changed (rounds: 4 -> 1))" in continued, continued[-3000:]
 
     params = yaml.safe_load((first / "params.yaml").read_text())
     (first / "params.yaml").write_text(yaml.safe_dump({**params, "rounds": 1}, sort_keys=False))
     synced = python(["-m", "pipelines", "dvc-sync"], first, timeout=180)
-    assert f"dvc.lock: dropped 3 stages dvc.yaml no longer has ({', '.join(r02)})" in synced.stdout
+    assert f"dvc.lock: dropped 9 stages dvc.yaml no longer has ({', '.join(later)})" in synced.stdout
     lock = yaml.safe_load((first / "dvc.lock").read_text())["stages"]
-    assert not set(r02) & set(lock) and "r01-checkpoint" in lock
+    assert not set(later) & set(lock) and "r01-checkpoint" in lock
     status = subprocess.run([str(DVC), "status", "--json"], cwd=first, capture_output=True, text=True, env=project_env(first))
     assert json.loads(status.stdout or "{}") == {"evaluation": [{"changed deps": {"params.yaml": {"rounds": "modified"}}}]}
 
@@ -280,11 +280,9 @@ def test_a_training_state_saved_mid_round_is_pushed_and_a_fresh_machine_resumes_
     assert card["checkpoint_id"] == read_lineage(projects["whole"] / "data/r01/checkpoint")["checkpoint_id"]
 
 
-def test_retiring_from_the_remote_deletes_its_objects_there_and_a_run_makes_it_again(micro_template, tmp_path):
+def test_retiring_from_the_remote_deletes_its_objects_there_and_a_run_makes_it_again(four_rounds, tmp_path):
     remote = tmp_path / "remote"
-    project = with_storage(copy_project(micro_template, tmp_path / "p"), remote=str(remote))
-    set_rounds(project, 4)  # of r01-r03 the promoted and the best stay: at least one is retired
-    rl(project, "run")
+    project = four_rounds_copy(four_rounds, tmp_path, remote)  # of r01-r03 the promoted and the best stay: at least one is retired
     ids = {f"r0{n}/checkpoint": checkpoint_id(project / f"data/r0{n}/checkpoint") for n in range(1, 4)}
     done = rl(project, "retire", "--keep", "1", "--from-remote")
     key = retired_keys(done)[0]
