@@ -1,6 +1,6 @@
 """Compute children forked from a process that has already imported torch, transformers and TRL.
 
-A compute child spends 3-4 s importing torch, transformers and TRL before it writes anything. A CLI run
+A compute child spends seconds importing torch, transformers and TRL before it writes anything (docs/benchmarks.md). A CLI run
 whose selection needs a compute step starts one warm child up front (`WarmChild`): it imports those modules
 while Dagster creates the run and the raw_data and prompts steps run, then waits. Each compute step hands it
 its command (`take`); the warm child forks, and the fork runs it as `python -m pipelines.launch.pipes_child`
