@@ -12,13 +12,14 @@ With `rollouts.staleness` k >= 1, round N samples from checkpoint N-1-k, so its 
 N-1's training. Where the overlap can pay (`overlapped`), the outputs are written by one op per round and lane
 (`lanes`): a sampling op (rollouts and rewards, the `sampler` pool) and a training op (checkpoint and PPO's critic,
 the `gpu` pool), so the executor runs round N-1's training beside round N+k-1's sampling, one op of each lane at a
-time. One subsettable op per lane would not do: Dagster splits such an op where the graph leaves and re-enters it,
+time. On a machine with two or more GPUs each lane's child sees its own (`lane_gpus`): training the first half,
+sampling the rest. One subsettable op per lane would not do: Dagster splits such an op where the graph leaves and re-enters it,
 and consecutive checkpoints would stay in one invocation, which the next sampling op then waits for whole.
 """
 
 import os
 from pathlib import Path
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 from dagster import (AssetCheckResult, AssetExecutionContext, AssetsDefinition, AssetSpec, DagsterEventType, DataVersion, MaterializeResult,
                      PipesSubprocessClient, multi_asset)
@@ -41,8 +42,8 @@ def compute_assets(params: Params) -> list[AssetsDefinition]:
     specs = compute_specs(params)
     if not overlapped(params):
         return [compute_op(COMPUTE_OP, specs, params)]
-    return [compute_op(name, group, params, pool=pool, threads=threads, priority=priority)
-            for name, group, pool, threads, priority in lanes(params, specs)]
+    return [compute_op(lane.name, lane.specs, params, pool=lane.pool, threads=lane.threads, gpus=lane.gpus, priority=lane.priority)
+            for lane in lanes(params, specs)]
 
 
 def overlapped(params: Params) -> bool:
@@ -57,35 +58,72 @@ def overlapped(params: Params) -> bool:
     return compute.device == "cuda" or compute.executor in ("k8s", "slurm") or gpu_here
 
 
-def lanes(params: Params, specs: list[AssetSpec]) -> list[tuple[str, list[AssetSpec], str, int | None, int]]:
-    """(op name, its specs, pool, CPU threads, priority) of each op of an overlapped run, in flow order.
+class Lane(NamedTuple):
+    """One op of an overlapped run and what its child gets of the machine."""
+
+    name: str
+    specs: list[AssetSpec]
+    pool: str  # `sampler` or `gpu`: the executor runs one op of each pool at a time
+    threads: int | None  # CPU threads of its child; None: torch's default, every core
+    gpus: str | None  # CUDA_VISIBLE_DEVICES of its child; None: what the step itself sees
+    priority: int  # the executor's order among ready ops: earlier rounds first
+
+
+def lanes(params: Params, specs: list[AssetSpec]) -> list[Lane]:
+    """Each op of an overlapped run, in flow order.
 
     r00 and the evaluation with the promotion run alone (everything waits for r00; the evaluation for every checkpoint) with
-    every thread; a round's ops may run beside the other lane's, so on a CPU each takes half of the cores. Earlier rounds
-    go first when both of a lane's next ops are ready.
+    every thread and GPU; a round's ops may run beside the other lane's, so on a CPU each takes half of the cores, and on a
+    machine with several GPUs each lane takes its share of them (`lane_gpus`). Earlier rounds go first when both of a lane's
+    next ops are ready.
     """
     by_key = {spec.key: spec for spec in specs}
-    groups: dict[str, tuple[list[AssetSpec], str, int | None, int]] = {}
+    groups: dict[str, Lane] = {}
     half = max(1, (os.cpu_count() or 2) // 2) if params.compute.device != "cuda" else None
+    gpus = visible_gpus() if params.compute.device != "cpu" and params.compute.executor == "multiprocess" else []
     for node in unroll(params):
         spec = by_key.get(asset_key(node.key))
         if spec is None:  # raw_data, prompts, the reward model: steps of their own
             continue
         if not node.round:  # r00 (round 0), the evaluation and the promotion (no round): alone, every thread
             name = f"{COMPUTE_OP}_{round_prefix(0) if node.round == 0 else 'evaluation'}"
-            pool, threads, priority = "gpu", None, 0
+            lane = Lane(name, [], "gpu", None, None, 0)
         else:
-            lane = "sample" if node.stage in SAMPLING_STAGES else "train"
-            name = f"{COMPUTE_OP}_{lane}_{round_prefix(node.round)}"
-            pool, threads, priority = ("sampler" if lane == "sample" else "gpu"), half, params.rounds - node.round
-        groups.setdefault(name, ([], pool, threads, priority))[0].append(spec)
-    return [(name, group, pool, threads, priority) for name, (group, pool, threads, priority) in groups.items()]
+            kind = "sample" if node.stage in SAMPLING_STAGES else "train"
+            lane = Lane(f"{COMPUTE_OP}_{kind}_{round_prefix(node.round)}", [], "sampler" if kind == "sample" else "gpu", half,
+                        lane_gpus(kind, gpus, params.compute.nproc), params.rounds - node.round)
+        groups.setdefault(lane.name, lane).specs.append(spec)
+    return list(groups.values())
+
+
+def visible_gpus() -> list[str]:
+    """The GPUs a child of this process may use, as CUDA numbers them: CUDA_VISIBLE_DEVICES when set, else one per
+    /dev/nvidiaN device node (without importing torch: the code location never does)."""
+    if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
+        return [device.strip() for device in visible.split(",") if device.strip()]
+    return [str(n) for n in range(len(list(Path("/dev").glob("nvidia[0-9]*"))))]
+
+
+def lane_gpus(lane: str, gpus: list[str], nproc: int = 1) -> str | None:
+    """CUDA_VISIBLE_DEVICES of a lane's child: training gets the first half of `gpus` (the larger, when odd), sampling the
+    rest. None, so that both share what the step sees, with fewer than two GPUs or when training's half is too small for
+    its `nproc` processes.
+
+    >>> lane_gpus("train", ["0", "1", "2"]), lane_gpus("sample", ["0", "1", "2"]), lane_gpus("sample", ["0"])
+    ('0,1', '2', None)
+    >>> lane_gpus("train", ["0", "1"], nproc=2), lane_gpus("sample", ["4", "5", "6", "7"], nproc=2)
+    (None, '6,7')
+    """
+    first = (len(gpus) + 1) // 2
+    if len(gpus) < 2 or nproc > first:
+        return None
+    return ",".join(gpus[:first] if lane == "train" else gpus[first:])
 
 
 def compute_op(name: str, specs: list[AssetSpec], params: Params, pool: str = "gpu", threads: int | None = None,
-               priority: int = 0) -> AssetsDefinition:
+               gpus: str | None = None, priority: int = 0) -> AssetsDefinition:
     """An op that writes `specs` (any subset of them) in one child; each output keeps its own guards as blocking or warning checks.
-    `threads`: the child's CPU threads (None: torch's default, every core); `priority`: the executor's order among ready steps."""
+    `threads`, `gpus` and `priority`: as in `Lane`."""
 
     @multi_asset(
         name=name,
@@ -105,7 +143,7 @@ def compute_op(name: str, specs: list[AssetSpec], params: Params, pool: str = "g
         if done:
             context.log.info(f"attempt {context.retry_number + 1}: {len(done)} outputs were written by an earlier attempt of this run "
                              f"(reported again); continuing from {todo[0] if todo else 'nothing left'}")
-        for result in run_compute(context, pipes, params, todo, threads=threads) if todo else ():
+        for result in run_compute(context, pipes, params, todo, threads=threads, gpus=gpus) if todo else ():
             if not isinstance(result, AssetCheckResult) or (result.asset_key, result.check_name) in checks:
                 yield result
 

@@ -99,10 +99,11 @@ def resident(compute: ComputeParams) -> bool:
 
 
 def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, params: ParamsResource,
-                keys: list[str], threads: int | None = None) -> Iterator[MaterializeResult | AssetCheckResult]:
+                keys: list[str], threads: int | None = None, gpus: str | None = None) -> Iterator[MaterializeResult | AssetCheckResult]:
     """Write `keys` in child processes, yielding each materialization and its guards' results the moment the child reports them.
 
-    One resident child writes them all (`resident`), else one child per output, each under its own launcher. DVC's
+    One resident child writes them all (`resident`), else one child per output, each under its own launcher; `threads` and
+    `gpus` (CUDA_VISIBLE_DEVICES) limit what the child uses of the machine (pipelines.definitions.compute.Lane). DVC's
     Python commits each output's stage as it is reported, at nice 19, and dvc.lock is written once at the end (a
     `dvc commit` per output beside the training child slowed it: pipelines/records/dvc.py). A child stopped by a failed blocking guard, or by an error that
     would recur, fails the step without retries; a crash or a transient error fails it for the retry policy.
@@ -122,7 +123,8 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
             command = compute_command(batch, str(resolved), loaded.compute, threads)
             if loaded.compute.executor == "slurm":
                 command = slurm_command(command, batch, loaded.compute, Path(tempfile.mkdtemp(prefix="job-", dir=scratch)))
-            for result in run_child(context, pipes, command, batch, last=number == len(batches), scratch=scratch):
+            for result in run_child(context, pipes, command, batch, last=number == len(batches), scratch=scratch,
+                                    env={"CUDA_VISIBLE_DEVICES": gpus} if gpus else None):
                 if isinstance(result, AssetCheckResult):
                     yield check_result(result)
                     continue
@@ -143,7 +145,7 @@ def run_compute(context: AssetExecutionContext, pipes: PipesSubprocessClient, pa
 
 
 def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, command: list[str], keys: list[str],
-              last: bool = False, scratch: Path | None = None) -> Iterator:
+              last: bool = False, scratch: Path | None = None, env: dict[str, str] | None = None) -> Iterator:
     """Launch a Pipes child that writes `keys`; yield what it reports while it runs; a failed child then raises `step_failure`'s exception.
 
     With `last` (no child after this one), a step process of the multiprocess executor then gives the CPU to the child
@@ -153,11 +155,11 @@ def run_child(context: AssetExecutionContext, pipes: PipesSubprocessClient, comm
     with the child's own error line: the step fails once, whatever its retry policy. A dead or killed child, or a
     transient error in it, raises `ComputeStepCrashed`, which the step's retry policy (if any) retries.
     An output or check reported twice (a Slurm job requeued between an output's report and its journal line) is passed on once.
-    `scratch`: the folder of the step's temporary files (`scratch_dir`).
+    `scratch`: the folder of the step's temporary files (`scratch_dir`); `env`: variables of this child beyond the step's.
     """
-    context.log.info("launching: %s", " ".join(command))
+    context.log.info("launching: %s", " ".join([*(f"{name}={value}" for name, value in (env or {}).items()), *command]))
     errors = Path(tempfile.mkdtemp(prefix="rl-assets-errors-", dir=scratch))
-    env = {**pipes.env, **CHILD_ENV, ERROR_DIR_ENV: str(errors)}
+    env = {**pipes.env, **CHILD_ENV, **(env or {}), ERROR_DIR_ENV: str(errors)}
     seen, written = 0, set()
     try:
         with open_pipes_session(context=context, context_injector=pipes.context_injector, message_reader=message_reader(pipes, scratch)) as session:

@@ -159,7 +159,7 @@ def test_every_asset_reads_what_the_stage_graph_says(graph):
         assert {p.to_user_string() for p in graph.get(key(output.key)).parent_keys} == set(output.inputs), output.key
 
 
-def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampling():
+def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampling(monkeypatch):
     """k=1 with overlap: one op per round and lane; train_rNN and sample_r(N+1) have no path between them (the executor runs them at
     once), and each lane keeps one op at a time through its pool. k=0, or no overlap (auto on a CPU alone), keeps the one resident op."""
     from pipelines.definitions.compute import compute_assets
@@ -196,8 +196,18 @@ def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampl
 
     for device, half in (("cpu", max(1, os.cpu_count() // 2)), ("cuda", None)):  # a lane op's child takes half the cores of a CPU
         params = load_params(REPO / "params.yaml", ["rounds=3", "rollouts.staleness=1", f"compute.device={device}"])
-        threads = {name: threads for name, _, _, threads, _ in lanes(params, compute_specs(params))}
+        threads = {lane.name: lane.threads for lane in lanes(params, compute_specs(params))}
         assert threads == {"compute_r00": None, "compute_evaluation": None,
                            **{f"compute_{lane}_r0{n}": half for lane in ("sample", "train") for n in (1, 2, 3)}}, device
+    # two GPUs: each lane's child sees one (training the first); r00 and the evaluation every one; none split on a cluster
+    for visible, executor, nproc, split in (("0,1", "multiprocess", 1, {"train": "0", "sample": "1"}), ("0", "multiprocess", 1, {}),
+                                            ("0,1", "slurm", 1, {}), ("0,1", "multiprocess", 2, {}),
+                                            ("2,3,5", "multiprocess", 2, {"train": "2,3", "sample": "5"})):
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        params = load_params(REPO / "params.yaml", ["rounds=2", "rollouts.staleness=1", "compute.device=cuda", f"compute.executor={executor}",
+                                                    f"compute.nproc={nproc}"])
+        gpus = {lane.name: lane.gpus for lane in lanes(params, compute_specs(params))}
+        assert gpus == {"compute_r00": None, "compute_evaluation": None,
+                        **{f"compute_{kind}_r0{n}": split.get(kind) for kind in ("sample", "train") for n in (1, 2)}}, (visible, executor, nproc)
     on_a_cluster = ["rounds=3", "rollouts.staleness=1", "compute.device=cpu", "compute.executor=slurm"]
     assert len(compute_assets(load_params(REPO / "params.yaml", on_a_cluster))) == 8

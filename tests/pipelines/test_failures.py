@@ -295,3 +295,19 @@ def test_a_step_run_in_the_callers_process_leaves_its_priority_alone(tmp_path):
     with DagsterInstance.ephemeral(tempdir=str(tmp_path)) as instance:
         materialize([step], instance=instance, resources={"pipes": PipesSubprocessClient(cwd=str(REPO))}, raise_on_error=False)
     assert os.getpriority(os.PRIO_PROCESS, 0) == before
+
+
+def test_a_child_sees_the_variables_its_step_gives_it(tmp_path):
+    """A lane's GPUs reach its child as CUDA_VISIBLE_DEVICES (pipelines.definitions.compute.Lane), and the launch line says so."""
+    seen = tmp_path / "seen"
+    write = f"import os, pathlib; pathlib.Path({str(seen)!r}).write_text(os.environ.get('CUDA_VISIBLE_DEVICES', 'unset'))"
+
+    @asset(name="lane_child")
+    def step(context: AssetExecutionContext, pipes: PipesSubprocessClient):
+        yield from run_child(context, pipes, [sys.executable, "-c", write], ["lane_child"], env={"CUDA_VISIBLE_DEVICES": "1"})
+
+    with DagsterInstance.ephemeral(tempdir=str(tmp_path)) as instance:
+        result = materialize([step], instance=instance, resources={"pipes": PipesSubprocessClient(cwd=str(REPO))}, raise_on_error=False)
+        launches = [e.user_message for e in instance.all_logs(result.run_id) if e.user_message.startswith("launching:")]
+    assert seen.read_text() == "1"
+    assert launches and launches[0].startswith("launching: CUDA_VISIBLE_DEVICES=1 ")
