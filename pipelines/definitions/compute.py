@@ -54,7 +54,7 @@ def overlapped(params: Params) -> bool:
         return False
     if compute.overlap is True:
         return True
-    gpu_here = compute.device == "auto" and Path("/dev/nvidiactl").exists()  # what `auto` resolves to, without importing torch
+    gpu_here = compute.device == "auto" and bool(visible_gpus())  # what `auto` resolves to
     return compute.device == "cuda" or compute.executor in ("k8s", "slurm") or gpu_here
 
 
@@ -96,12 +96,14 @@ def lanes(params: Params, specs: list[AssetSpec]) -> list[Lane]:
     return list(groups.values())
 
 
-def visible_gpus() -> list[str]:
-    """The GPUs a child of this process may use, as CUDA numbers them: CUDA_VISIBLE_DEVICES when set, else one per
-    /dev/nvidiaN device node (without importing torch: the code location never does)."""
+def visible_gpus(dev: Path = Path("/dev")) -> list[str]:
+    """The GPUs a child of this process may use, as CUDA numbers them: none without NVIDIA's driver, else
+    CUDA_VISIBLE_DEVICES when set, else one per /dev/nvidiaN device node (without importing torch: the code location never does)."""
+    if not (dev / "nvidiactl").exists():
+        return []
     if (visible := os.environ.get("CUDA_VISIBLE_DEVICES")) is not None:
         return [device.strip() for device in visible.split(",") if device.strip()]
-    return [str(n) for n in range(len(list(Path("/dev").glob("nvidia[0-9]*"))))]
+    return [str(n) for n in range(len(list(dev.glob("nvidia[0-9]*"))))]
 
 
 def lane_gpus(lane: str, gpus: list[str], nproc: int = 1) -> str | None:

@@ -191,6 +191,7 @@ def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampl
     for no_overlap in (["rounds=3"], ["rounds=3", "rollouts.staleness=1", "compute.overlap=false"],
                        ["rounds=3", "rollouts.staleness=1", "compute.device=cpu"]):  # auto: not on a CPU alone
         assert [a.op.name for a in compute_assets(load_params(REPO / "params.yaml", no_overlap))] == ["compute"], no_overlap
+    from pipelines.definitions import compute
     from pipelines.definitions.compute import lanes
     from pipelines.definitions.specs import compute_specs
 
@@ -203,7 +204,7 @@ def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampl
     for visible, executor, nproc, split in (("0,1", "multiprocess", 1, {"train": "0", "sample": "1"}), ("0", "multiprocess", 1, {}),
                                             ("0,1", "slurm", 1, {}), ("0,1", "multiprocess", 2, {}),
                                             ("2,3,5", "multiprocess", 2, {"train": "2,3", "sample": "5"})):
-        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+        monkeypatch.setattr(compute, "visible_gpus", lambda: visible.split(","))
         params = load_params(REPO / "params.yaml", ["rounds=2", "rollouts.staleness=1", "compute.device=cuda", f"compute.executor={executor}",
                                                     f"compute.nproc={nproc}"])
         gpus = {lane.name: lane.gpus for lane in lanes(params, compute_specs(params))}
@@ -211,3 +212,16 @@ def test_with_staleness_each_rounds_training_can_run_beside_a_later_rounds_sampl
                         **{f"compute_{kind}_r0{n}": split.get(kind) for kind in ("sample", "train") for n in (1, 2)}}, (visible, executor, nproc)
     on_a_cluster = ["rounds=3", "rollouts.staleness=1", "compute.device=cpu", "compute.executor=slurm"]
     assert len(compute_assets(load_params(REPO / "params.yaml", on_a_cluster))) == 8
+
+
+def test_the_gpus_a_lane_may_split_are_the_drivers_devices_or_those_cuda_visible_devices_names(tmp_path, monkeypatch):
+    from pipelines.definitions.compute import visible_gpus
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    for name in ("nvidia0", "nvidia1", "nvidia-uvm"):
+        (tmp_path / name).touch()
+    assert visible_gpus(tmp_path) == [], "no driver (nvidiactl), no GPU"
+    (tmp_path / "nvidiactl").touch()
+    assert visible_gpus(tmp_path) == ["0", "1"]
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3, 5")
+    assert visible_gpus(tmp_path) == ["3", "5"]
